@@ -1,0 +1,150 @@
+package agent
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apiserver/pkg/endpoints/request"
+)
+
+// metrics are the agent's Prometheus metrics, in a registry of its own.
+type metrics struct {
+	registry *prometheus.Registry
+
+	requests        *prometheus.CounterVec
+	requestDuration *prometheus.HistogramVec
+	ruleSyncs       *prometheus.CounterVec
+	ready           prometheus.Gauge
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_requests_total",
+			Help: "Requests received from clients, by verb, resource, how they were handled and response code.",
+		}, []string{"verb", "resource", "handler", "code"}),
+		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kube_apicache_request_duration_seconds",
+			Help:    "Time to answer a client request, excluding watches and upgraded connections.",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+		}, []string{"verb", "handler"}),
+		ruleSyncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_rule_syncs_total",
+			Help: "Reconciliations of the node's redirect rules and address, by result (unchanged, repaired, error).",
+		}, []string{"result"}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kube_apicache_ready",
+			Help: "1 while the agent intercepts the Service VIP, 0 otherwise.",
+		}),
+	}
+	m.registry.MustRegister(m.requests, m.requestDuration, m.ruleSyncs, m.ready,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// requestInfoFactory parses requests the way kube-apiserver does.
+var requestInfoFactory = &request.RequestInfoFactory{
+	APIPrefixes:          sets.NewString("api", "apis"),
+	GrouplessAPIPrefixes: sets.NewString("api"),
+}
+
+// withRequestInfo parses each request once, as kube-apiserver's
+// WithRequestInfo filter does, and puts the result in its context.
+func withRequestInfo(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if info, err := requestInfoFactory.NewRequestInfo(r); err == nil {
+			r = r.WithContext(request.WithRequestInfo(r.Context(), info))
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// instrument records every request that passes through h under handler.
+func (m *metrics) instrument(handler string, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		verb, resource := "unknown", ""
+		if info, ok := request.RequestInfoFrom(r.Context()); ok {
+			verb = info.Verb
+			if info.IsResourceRequest {
+				resource = info.Resource
+				if info.Subresource != "" {
+					resource += "/" + info.Subresource
+				}
+			} else {
+				verb = strings.ToLower(info.Verb)
+			}
+		}
+		rec := &statusRecorder{ResponseWriter: w}
+		// Deferred: httputil.ReverseProxy ends a response that broke off
+		// mid-stream (a watch whose client left) by panicking with
+		// http.ErrAbortHandler, and such requests must be counted too.
+		defer func() {
+			code := rec.status.Load()
+			if code == 0 {
+				code = http.StatusOK
+			}
+			m.requests.WithLabelValues(verb, resource, handler, strconv.Itoa(int(code))).Inc()
+			if verb != "watch" && code != http.StatusSwitchingProtocols {
+				m.requestDuration.WithLabelValues(verb, handler).Observe(time.Since(start).Seconds())
+			}
+		}()
+		h.ServeHTTP(rec, r)
+	})
+}
+
+// statusRecorder remembers the response code. It passes Flush and Hijack
+// through, which watches and upgrades need.
+type statusRecorder struct {
+	http.ResponseWriter
+	status atomic.Int32
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status.CompareAndSwap(0, int32(code))
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	s.status.CompareAndSwap(0, http.StatusOK)
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Flush() {
+	if f, ok := s.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(s.ResponseWriter).Hijack()
+}
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// handler serves /metrics, /healthz and /readyz.
+func (m *metrics) handler(ready func() error) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	return mux
+}

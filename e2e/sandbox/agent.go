@@ -1,0 +1,137 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+)
+
+// Agent defaults, as the DaemonSet runs it.
+const (
+	AgentNamespace      = "kube-apicache"
+	AgentServiceAccount = "kube-apicache"
+	AgentListenIP       = "169.254.25.10"
+	AgentListenPort     = 10443
+	AgentMetricsAddr    = "127.0.0.1:10445"
+	AgentChain          = "KUBE-APICACHE"
+)
+
+// Agent is a kube-apicache process running as a hostNetwork pod on the
+// sandbox node.
+type Agent struct {
+	Pod      *Pod
+	Process  *Process
+	CertFile string
+	KeyFile  string
+}
+
+// NewAgentPod creates the agent's Pod object (hostNetwork, its own
+// ServiceAccount) and a serving certificate from the cluster CA for the VIP,
+// the listen IP and the kubernetes Service names.
+func (c *Cluster) NewAgentPod(ctx context.Context, name string) (*Pod, string, string, error) {
+	pod, err := c.NewPod(ctx, PodSpec{Name: name, Namespace: AgentNamespace, ServiceAccount: AgentServiceAccount, HostNetwork: true})
+	if err != nil {
+		return nil, "", "", err
+	}
+	kp, err := c.CA.Issue(CertSpec{
+		CommonName:   "system:node:" + NodeName,
+		Organization: []string{"system:nodes"},
+		DNSNames:     KubernetesServiceNames(),
+		IPs:          []net.IP{net.ParseIP(ServiceVIP), net.ParseIP(AgentListenIP)},
+		Server:       true,
+	})
+	if err != nil {
+		return nil, "", "", err
+	}
+	certFile, keyFile, err := kp.Write(pod.Dir, "serving")
+	if err != nil {
+		return nil, "", "", err
+	}
+	return pod, certFile, keyFile, nil
+}
+
+// AgentArgs are the flags the sandbox runs the agent with, before extra.
+func (c *Cluster) AgentArgs(certFile, keyFile string, extra ...string) []string {
+	var ups []string
+	for _, as := range c.APIServers() {
+		ups = append(ups, as.URL)
+	}
+	return append([]string{
+		"--node-name=" + NodeName,
+		"--upstream=" + strings.Join(ups, ","),
+		"--tls-cert-file=" + certFile,
+		"--tls-private-key-file=" + keyFile,
+		"--sync-period=1s",
+		"-v=2",
+	}, extra...)
+}
+
+// StartAgent runs binary in pod with args and waits until it reports ready.
+func (c *Cluster) StartAgent(ctx context.Context, pod *Pod, binary string, args ...string) (*Agent, error) {
+	proc, err := pod.Start(binary, args...)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{Pod: pod, Process: proc}
+	if err := a.WaitReady(ctx); err != nil {
+		proc.Stop(5 * time.Second)
+		return nil, err
+	}
+	return a, nil
+}
+
+// WaitReady waits until /readyz answers 200.
+func (a *Agent) WaitReady(ctx context.Context) error {
+	client := a.Pod.cluster.httpClient(a.Pod.cluster.Node)
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if done, err := a.Process.Exited(); done {
+			return false, fmt.Errorf("agent exited (%v): %s", err, tail(a.Process.Log(), 20))
+		}
+		resp, err := client.Get("http://" + AgentMetricsAddr + "/readyz")
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, nil
+	})
+}
+
+// Metrics returns the agent's /metrics text.
+func (a *Agent) Metrics(ctx context.Context) (string, error) {
+	client := a.Pod.cluster.httpClient(a.Pod.cluster.Node)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+AgentMetricsAddr+"/metrics", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// NodeNetState returns what the agent can leave on the node: the nat table
+// as iptables-save prints it, and the addresses of every link.
+func (c *Cluster) NodeNetState(ctx context.Context) (nat, addrs string, err error) {
+	if nat, err = c.Node.Output(ctx, "iptables-save", "-t", "nat"); err != nil {
+		return "", "", err
+	}
+	addrs, err = c.Node.Output(ctx, "ip", "-o", "addr", "show")
+	return nat, addrs, err
+}
+
+// NodeIP is the node's address on the control-plane link: the source of
+// requests the agent relays.
+const NodeIP = nodeCPAddr
+
+// AgentUsername is the agent's own identity.
+func AgentUsername() string {
+	return "system:serviceaccount:" + AgentNamespace + ":" + AgentServiceAccount
+}

@@ -1,0 +1,310 @@
+// Package testing holds stateful fakes of the kernel interfaces in package
+// netrules. They keep tables, chains, rules, links and addresses, and refuse
+// the operations the kernel would refuse, so tests observe real outcomes
+// rather than call counts.
+package testing
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// builtinChains are the chains each table starts with.
+var builtinChains = map[string][]string{
+	"nat":    {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"},
+	"filter": {"INPUT", "FORWARD", "OUTPUT"},
+	"mangle": {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"},
+	"raw":    {"PREROUTING", "OUTPUT"},
+}
+
+// builtinTargets are targets that are not chains.
+var builtinTargets = map[string]bool{
+	"ACCEPT": true, "DROP": true, "RETURN": true, "REJECT": true, "DNAT": true,
+	"SNAT": true, "MASQUERADE": true, "REDIRECT": true, "MARK": true, "LOG": true,
+	"CONNMARK": true, "NOTRACK": true, "CT": true,
+}
+
+// Error is returned for operations the kernel would refuse.
+type Error struct {
+	msg      string
+	notExist bool
+}
+
+func (e *Error) Error() string    { return e.msg }
+func (e *Error) IsNotExist() bool { return e.notExist }
+func notExist(f string, a ...any) error {
+	return &Error{msg: fmt.Sprintf(f, a...), notExist: true}
+}
+
+type table struct {
+	chains map[string][]string // chain -> rule argument strings, in order
+}
+
+// IPTables is a fake of netrules.IPTables.
+type IPTables struct {
+	mu     sync.Mutex // protects the fields below
+	tables map[string]*table
+	// Calls counts mutating calls, so tests can assert that a sync of an
+	// already correct state changes nothing.
+	Calls int
+}
+
+// NewIPTables returns a fake with the built-in tables and chains.
+func NewIPTables() *IPTables {
+	f := &IPTables{tables: map[string]*table{}}
+	for name, chains := range builtinChains {
+		t := &table{chains: map[string][]string{}}
+		for _, c := range chains {
+			t.chains[c] = nil
+		}
+		f.tables[name] = t
+	}
+	return f
+}
+
+func isBuiltin(tbl, chain string) bool { return slices.Contains(builtinChains[tbl], chain) }
+
+func (f *IPTables) table(name string) (*table, error) {
+	t, ok := f.tables[name]
+	if !ok {
+		return nil, notExist("can't initialize iptables table `%s': Table does not exist", name)
+	}
+	return t, nil
+}
+
+func (f *IPTables) chain(tbl, chain string) (*table, error) {
+	t, err := f.table(tbl)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := t.chains[chain]; !ok {
+		return nil, notExist("iptables: No chain/target/match by that name.\n")
+	}
+	return t, nil
+}
+
+// checkTarget refuses jumps to chains that do not exist, as the kernel does.
+func (f *IPTables) checkTarget(t *table, rulespec []string) error {
+	for i := 0; i+1 < len(rulespec); i++ {
+		if rulespec[i] == "-j" || rulespec[i] == "-g" {
+			target := rulespec[i+1]
+			if builtinTargets[target] {
+				return nil
+			}
+			if _, ok := t.chains[target]; !ok {
+				return notExist("iptables: No chain/target/match by that name.\n")
+			}
+		}
+	}
+	return nil
+}
+
+func render(rulespec []string) string {
+	out := make([]string, len(rulespec))
+	for i, a := range rulespec {
+		if a == "" || strings.ContainsAny(a, " \t\"") {
+			out[i] = `"` + strings.ReplaceAll(a, `"`, `\"`) + `"`
+		} else {
+			out[i] = a
+		}
+	}
+	return strings.Join(out, " ")
+}
+
+// ListChains implements netrules.IPTables.
+func (f *IPTables) ListChains(tbl string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, err := f.table(tbl)
+	if err != nil {
+		return nil, err
+	}
+	return f.chainNames(tbl, t), nil
+}
+
+// chainNames lists built-in chains first, in kernel order, then the others
+// sorted, as iptables -S does.
+func (f *IPTables) chainNames(tbl string, t *table) []string {
+	names := slices.Clone(builtinChains[tbl])
+	var user []string
+	for c := range t.chains {
+		if !isBuiltin(tbl, c) {
+			user = append(user, c)
+		}
+	}
+	sort.Strings(user)
+	return append(names, user...)
+}
+
+// List implements netrules.IPTables.
+func (f *IPTables) List(tbl, chain string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, err := f.chain(tbl, chain)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	if isBuiltin(tbl, chain) {
+		out = append(out, "-P "+chain+" ACCEPT")
+	} else {
+		out = append(out, "-N "+chain)
+	}
+	for _, r := range t.chains[chain] {
+		out = append(out, "-A "+chain+" "+r)
+	}
+	return out, nil
+}
+
+// NewChain implements netrules.IPTables.
+func (f *IPTables) NewChain(tbl, chain string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls++
+	t, err := f.table(tbl)
+	if err != nil {
+		return err
+	}
+	if _, ok := t.chains[chain]; ok {
+		return &Error{msg: "iptables: Chain already exists.\n"}
+	}
+	t.chains[chain] = nil
+	return nil
+}
+
+// Insert implements netrules.IPTables. Positions start at 1.
+func (f *IPTables) Insert(tbl, chain string, pos int, rulespec ...string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls++
+	t, err := f.chain(tbl, chain)
+	if err != nil {
+		return err
+	}
+	if err := f.checkTarget(t, rulespec); err != nil {
+		return err
+	}
+	rules := t.chains[chain]
+	if pos < 1 || pos > len(rules)+1 {
+		return &Error{msg: "iptables: Index of insertion too big.\n"}
+	}
+	t.chains[chain] = slices.Insert(rules, pos-1, render(rulespec))
+	return nil
+}
+
+// Append implements netrules.IPTables.
+func (f *IPTables) Append(tbl, chain string, rulespec ...string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls++
+	t, err := f.chain(tbl, chain)
+	if err != nil {
+		return err
+	}
+	if err := f.checkTarget(t, rulespec); err != nil {
+		return err
+	}
+	t.chains[chain] = append(t.chains[chain], render(rulespec))
+	return nil
+}
+
+// Delete implements netrules.IPTables: by specification, or by position when
+// rulespec is a single number.
+func (f *IPTables) Delete(tbl, chain string, rulespec ...string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls++
+	t, err := f.chain(tbl, chain)
+	if err != nil {
+		return err
+	}
+	rules := t.chains[chain]
+	if len(rulespec) == 1 {
+		if n, err := strconv.Atoi(rulespec[0]); err == nil {
+			if n < 1 || n > len(rules) {
+				return notExist("iptables: Index of deletion too big.\n")
+			}
+			t.chains[chain] = slices.Delete(rules, n-1, n)
+			return nil
+		}
+	}
+	i := slices.Index(rules, render(rulespec))
+	if i < 0 {
+		return notExist("iptables: Bad rule (does a matching rule exist in that chain?).\n")
+	}
+	t.chains[chain] = slices.Delete(rules, i, i+1)
+	return nil
+}
+
+// ClearChain implements netrules.IPTables. Like go-iptables, it creates the
+// chain when it does not exist.
+func (f *IPTables) ClearChain(tbl, chain string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls++
+	t, err := f.table(tbl)
+	if err != nil {
+		return err
+	}
+	t.chains[chain] = nil
+	return nil
+}
+
+// DeleteChain implements netrules.IPTables. Like the kernel, it refuses
+// built-in, non-empty and still referenced chains.
+func (f *IPTables) DeleteChain(tbl, chain string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.Calls++
+	t, err := f.chain(tbl, chain)
+	if err != nil {
+		return err
+	}
+	if isBuiltin(tbl, chain) {
+		return &Error{msg: "iptables: Can't delete built-in chain.\n"}
+	}
+	if len(t.chains[chain]) > 0 {
+		return &Error{msg: "iptables: Directory not empty.\n"}
+	}
+	for c, rules := range t.chains {
+		for _, r := range rules {
+			if strings.HasSuffix(r, "-j "+chain) || strings.Contains(r, "-j "+chain+" ") {
+				return &Error{msg: fmt.Sprintf("iptables: Too many links (referenced from %s).\n", c)}
+			}
+		}
+	}
+	delete(t.chains, chain)
+	return nil
+}
+
+// Save renders a table as iptables-save does (without counters), for
+// comparisons in tests.
+func (f *IPTables) Save(tbl string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.tables[tbl]
+	if !ok {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%s\n", tbl)
+	names := f.chainNames(tbl, t)
+	for _, c := range names {
+		if isBuiltin(tbl, c) {
+			fmt.Fprintf(&b, ":%s ACCEPT [0:0]\n", c)
+		} else {
+			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+		}
+	}
+	for _, c := range names {
+		for _, r := range t.chains[c] {
+			fmt.Fprintf(&b, "-A %s %s\n", c, r)
+		}
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
