@@ -37,7 +37,7 @@ func newForwarder(up *upstreams) http.Handler {
 				}
 			}
 		},
-		Transport:     up.transport,
+		Transport:     up,
 		FlushInterval: -1,
 		ErrorLog:      nil,
 		ModifyResponse: func(resp *http.Response) error {

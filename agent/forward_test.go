@@ -17,7 +17,8 @@ import (
 func newTestAgent(t *testing.T, upstream *httptest.Server) *Agent {
 	t.Helper()
 	u, _ := url.Parse(upstream.URL)
-	up := &upstreams{transport: upstream.Client().Transport.(*http.Transport).Clone(), endpoints: []*url.URL{u}}
+	t0 := upstream.Client().Transport.(*http.Transport).Clone()
+	up := &upstreams{transport: t0, upgradeTransport: http1Only(t0), endpoints: []*url.URL{u}}
 	drain, startDrain := context.WithCancel(context.Background())
 	t.Cleanup(startDrain)
 	a := &Agent{cfg: &Config{}, up: up, metrics: newMetrics(), drain: drain, startDrain: startDrain}
@@ -127,4 +128,51 @@ func dumpRequests(t *testing.T, a *Agent) string {
 		}
 	}
 	return b.String()
+}
+
+// TestForwardSPDYUpgradeUsesHTTP1 checks that a SPDY upgrade reaches an
+// HTTP/2-capable upstream over HTTP/1.1 even after ordinary requests have
+// opened an HTTP/2 connection to it, and that a refused upgrade is relayed
+// with Connection: close.
+func TestForwardSPDYUpgradeUsesHTTP1(t *testing.T) {
+	var protos []string
+	upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		protos = append(protos, r.Proto)
+		if r.Header.Get("Upgrade") != "" {
+			http.Error(w, "kubelet unreachable", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	upstream.EnableHTTP2 = true
+	upstream.StartTLS()
+	defer upstream.Close()
+	a := newTestAgent(t, upstream)
+	a.up.transport.ForceAttemptHTTP2 = true
+	front := httptest.NewServer(a.handler)
+	defer front.Close()
+
+	resp, err := http.Get(front.URL + "/api/v1/namespaces/x/pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	req, _ := http.NewRequest(http.MethodPost, front.URL+"/api/v1/namespaces/x/pods/p/exec", nil)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "SPDY/3.1")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(body), "kubelet unreachable") {
+		t.Errorf("upgrade answer = %d %q, want upstream's 500", resp.StatusCode, body)
+	}
+	if !resp.Close {
+		t.Errorf("failed upgrade did not close the client connection")
+	}
+	if len(protos) != 2 || protos[0] != "HTTP/2.0" || protos[1] != "HTTP/1.1" {
+		t.Errorf("upstream saw protocols %v, want [HTTP/2.0 HTTP/1.1]", protos)
+	}
 }

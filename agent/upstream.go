@@ -24,7 +24,13 @@ import (
 // certificate, no token. Every forwarded request authenticates with what the
 // client sent.
 type upstreams struct {
-	transport *http.Transport
+	// transport carries ordinary requests, over HTTP/2 where upstream
+	// offers it. upgradeTransport speaks only HTTP/1.1: net/http treats
+	// only WebSocket upgrades as HTTP/1-only and would send a SPDY upgrade
+	// (exec, attach, port-forward) into a pooled HTTP/2 connection, where
+	// upgrades do not exist.
+	transport        *http.Transport
+	upgradeTransport *http.Transport
 
 	mu        sync.Mutex // protects the fields below
 	endpoints []*url.URL
@@ -70,7 +76,28 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 			PingTimeout:     15 * time.Second,
 		},
 	}
-	return &upstreams{transport: t, endpoints: cfg.Upstreams}, nil
+	return &upstreams{transport: t, upgradeTransport: http1Only(t), endpoints: cfg.Upstreams}, nil
+}
+
+// http1Only returns a copy of t that never negotiates HTTP/2 and keeps no
+// idle connections: an upgraded connection is never pooled anyway.
+func http1Only(t *http.Transport) *http.Transport {
+	h1 := t.Clone()
+	h1.ForceAttemptHTTP2 = false
+	h1.HTTP2 = nil
+	h1.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	h1.TLSClientConfig.NextProtos = []string{"http/1.1"}
+	h1.DisableKeepAlives = true
+	return h1
+}
+
+// RoundTrip sends upgrade requests over HTTP/1.1 and all others over the
+// shared transport.
+func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
+	if isUpgrade(req) {
+		return u.upgradeTransport.RoundTrip(req)
+	}
+	return u.transport.RoundTrip(req)
 }
 
 // markSocket returns a dialer Control that sets SO_MARK on every socket.

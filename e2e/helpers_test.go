@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"os"
 	"path/filepath"
 	"strings"
@@ -193,3 +194,5 @@ func waitExit(t *testing.T, p *sandbox.Process, timeout time.Duration) int {
 	}
 	return p.ExitCode()
 }
+
+type exitError = exec.ExitError

@@ -11,10 +11,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
-	"path/filepath"
-	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -27,8 +24,8 @@ var (
 	cluster *sandbox.Cluster
 	// skipReason says why the suite cannot run.
 	skipReason string
-	// Binaries built for the suite.
-	agentBin, podclientBin string
+	// Binaries built for the suite, in binTmp.
+	agentBin, podclientBin, binTmp string
 )
 
 func TestMain(m *testing.M) {
@@ -54,6 +51,9 @@ func runMain(m *testing.M) int {
 		os.Exit(130)
 	}()
 	code := m.Run()
+	if binTmp != "" {
+		_ = os.RemoveAll(binTmp)
+	}
 	if cluster != nil {
 		if err := cluster.Stop(); err != nil {
 			fmt.Fprintf(os.Stderr, "e2e: teardown: %v\n", err)
@@ -67,24 +67,19 @@ func setUp() error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root for network namespaces and iptables (run as root, or with CI=true to make this an error)")
 	}
-	_, file, _, _ := runtime.Caller(0)
-	root := filepath.Dir(filepath.Dir(file))
 	binDir := os.Getenv("KUBE_APICACHE_BIN_DIR")
 	if binDir == "" {
-		binDir = filepath.Join(root, "_output", "bin")
+		binDir = sandbox.DefaultBinDir()
 	}
-	out, err := os.MkdirTemp("", "kube-apicache-e2e-bin-")
+	var err error
+	if binTmp, err = os.MkdirTemp("", "kube-apicache-e2e-bin-"); err != nil {
+		return err
+	}
+	bins, err := sandbox.BuildBinaries(binTmp)
 	if err != nil {
 		return err
 	}
-	agentBin, podclientBin = filepath.Join(out, "kube-apicache"), filepath.Join(out, "podclient")
-	for bin, pkg := range map[string]string{agentBin: "./cmd/kube-apicache", podclientBin: "./e2e/podclient"} {
-		cmd := exec.Command("go", "build", "-o", bin, pkg)
-		cmd.Dir = root
-		if b, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building %s: %v: %s", pkg, err, b)
-		}
-	}
+	agentBin, podclientBin = bins.Agent, bins.PodClient
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cluster, err = sandbox.Start(ctx, sandbox.Options{

@@ -56,20 +56,36 @@ func (c *Cluster) NewAgentPod(ctx context.Context, name string) (*Pod, string, s
 	return pod, certFile, keyFile, nil
 }
 
-// AgentArgs are the flags the sandbox runs the agent with, before extra.
+// AgentArgs are the flags the sandbox runs the agent with. A flag in extra
+// replaces the default of the same name (several are slices, where repeating
+// would add rather than replace).
 func (c *Cluster) AgentArgs(certFile, keyFile string, extra ...string) []string {
 	var ups []string
 	for _, as := range c.APIServers() {
 		ups = append(ups, as.URL)
 	}
-	return append([]string{
+	defaults := []string{
 		"--node-name=" + NodeName,
 		"--upstream=" + strings.Join(ups, ","),
 		"--tls-cert-file=" + certFile,
 		"--tls-private-key-file=" + keyFile,
 		"--sync-period=1s",
 		"-v=2",
-	}, extra...)
+	}
+	var args []string
+	for _, d := range defaults {
+		name, _, _ := strings.Cut(d, "=")
+		overridden := false
+		for _, e := range extra {
+			if strings.HasPrefix(e, name+"=") {
+				overridden = true
+			}
+		}
+		if !overridden {
+			args = append(args, d)
+		}
+	}
+	return append(args, extra...)
 }
 
 // StartAgent runs binary in pod with args and waits until it reports ready.

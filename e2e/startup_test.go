@@ -1,0 +1,154 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
+)
+
+// TestBadStartupInput checks that each kind of bad start-up input makes the
+// agent exit non-zero with a one-line reason, without changing the node.
+func TestBadStartupInput(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pod, certFile, keyFile := newAgentPod(t, ctx, c)
+	garbage := filepath.Join(pod.Dir, "garbage.crt")
+	if err := os.WriteFile(garbage, []byte("-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		args []string
+		// occupy, if set, is an address the test listens on in the node
+		// namespace while the agent starts.
+		occupy string
+		want   string
+	}{{
+		name: "unknown flag",
+		args: c.AgentArgs(certFile, keyFile, "--no-such-flag"),
+		want: "unknown flag: --no-such-flag",
+	}, {
+		name: "missing certificate file",
+		args: c.AgentArgs(filepath.Join(pod.Dir, "missing.crt"), keyFile),
+		want: "loading serving certificate: open " + filepath.Join(pod.Dir, "missing.crt") + ": no such file or directory",
+	}, {
+		name: "invalid certificate",
+		args: c.AgentArgs(garbage, keyFile),
+		want: "loading serving certificate",
+	}, {
+		name: "key does not match certificate",
+		args: c.AgentArgs(certFile, filepath.Join(c.Dir, "admin.key")),
+		want: "loading serving certificate",
+	}, {
+		name:   "listen port in use",
+		args:   c.AgentArgs(certFile, keyFile),
+		occupy: fmt.Sprintf("0.0.0.0:%d", sandbox.AgentListenPort),
+		want:   "address already in use",
+	}, {
+		name: "upstream unreachable",
+		args: c.AgentArgs(certFile, keyFile, "--upstream=https://10.250.0.99:6443", "--upstream-check-timeout=2s"),
+		want: "no upstream answered within 2s",
+	}, {
+		name: "upstream is the Service VIP",
+		args: c.AgentArgs(certFile, keyFile, "--upstream=https://"+sandbox.ServiceVIP+":443"),
+		want: "is the Service VIP",
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.occupy != "" {
+				l, err := c.Node.Listen("tcp", tc.occupy)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+			}
+			ctx, cancel := context.WithTimeout(ctx, time.Minute)
+			defer cancel()
+			cmd := pod.Command(ctx, agentBin, tc.args...)
+			var stdout, stderr strings.Builder
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			err := cmd.Run()
+			var exit *exitError
+			if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+				t.Fatalf("agent exited with %v, want a non-zero exit\n%s", err, stderr.String())
+			}
+			lines := strings.Split(strings.TrimRight(stderr.String(), "\n"), "\n")
+			last := lines[len(lines)-1]
+			if !strings.HasPrefix(last, "kube-apicache: ") || !strings.Contains(last, tc.want) {
+				t.Errorf("last line of stderr = %q, want a one-line reason containing %q", last, tc.want)
+			}
+			t.Logf("exit %d: %s", exit.ExitCode(), last)
+			assertNoAgentState(t, ctx, c)
+		})
+	}
+}
+
+// TestFailedUpgradeClosesConnection checks the CVE-2018-1002105 rule: when
+// upstream refuses an upgrade, the client gets upstream's answer and then
+// the connection is closed, never reused for anything else.
+func TestFailedUpgradeClosesConnection(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pod := newClientPod(t, ctx, c, "e2e-upgrade", "client")
+	startAgent(t, ctx, c)
+
+	caPEM, err := os.ReadFile(filepath.Join(pod.Dir, "serviceaccount", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(caPEM)
+	raw, err := pod.NetNS.DialContext(ctx, "tcp", fmt.Sprintf("%s:%d", sandbox.ServiceVIP, sandbox.ServicePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := tls.Client(raw, &tls.Config{RootCAs: pool, ServerName: sandbox.ServiceVIP, NextProtos: []string{"http/1.1"}})
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	path := fmt.Sprintf("/api/v1/namespaces/%s/pods/%s/exec?command=true&stdout=true", pod.Spec.Namespace, pod.Spec.Name)
+	fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\nConnection: Upgrade\r\nUpgrade: SPDY/3.1\r\nX-Stream-Protocol-Version: v4.channel.k8s.io\r\n\r\n",
+		path, sandbox.ServiceVIP, pod.Token)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("reading response: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade succeeded without a kubelet")
+	}
+	if !strings.Contains(string(body), "10250") {
+		t.Errorf("body = %s, want upstream's kubelet error", body)
+	}
+	// A second request on the same connection must find it closed.
+	fmt.Fprintf(conn, "GET /version HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer %s\r\n\r\n", sandbox.ServiceVIP, pod.Token)
+	if resp2, err := http.ReadResponse(br, nil); err == nil {
+		t.Errorf("connection reused after a failed upgrade: got %s", resp2.Status)
+	} else if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !isConnReset(err) {
+		t.Errorf("second request: %v, want the connection closed", err)
+	}
+	t.Logf("failed upgrade answered %s, then the connection was closed", resp.Status)
+}
+
+func isConnReset(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && strings.Contains(op.Err.Error(), "reset")
+}
