@@ -48,19 +48,9 @@ func New(cfg *Config, ipt netrules.IPTables, nl netrules.Netlink) (*Agent, error
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cert, err := newServingCert(cfg.TLSCertFile, cfg.TLSKeyFile)
-	if err != nil {
-		return nil, err
-	}
-	up, err := newUpstreams(cfg)
-	if err != nil {
-		return nil, err
-	}
 	drain, startDrain := context.WithCancel(context.Background())
 	a := &Agent{
 		cfg:        cfg,
-		cert:       cert,
-		up:         up,
 		metrics:    newMetrics(),
 		chain:      netrules.NewChainSyncer(ipt, redirectChain(cfg)),
 		addr:       netrules.NewLocalAddress(nl, cfg.ListenLink, cfg.ListenAddress.Addr()),
@@ -68,6 +58,15 @@ func New(cfg *Config, ipt netrules.IPTables, nl netrules.Netlink) (*Agent, error
 		startDrain: startDrain,
 		now:        time.Now,
 		notReady:   errors.New("starting"),
+	}
+	var err error
+	if a.cert, err = newServingCert(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
+		a.removeStale()
+		return nil, err
+	}
+	if a.up, err = newUpstreams(cfg); err != nil {
+		a.removeStale()
+		return nil, err
 	}
 	a.handler = a.buildHandler()
 	return a, nil
@@ -111,8 +110,13 @@ func (a *Agent) setNotReady(err error) {
 // any failure: bind the listener, check the upstream, and only then add the
 // address and the redirect. An error returned before interception started
 // means nothing was changed on the node.
-func (a *Agent) Run(ctx context.Context) error {
+func (a *Agent) Run(ctx context.Context) (err error) {
 	logger := klog.FromContext(ctx)
+	defer func() {
+		if err != nil {
+			a.removeStale()
+		}
+	}()
 	l, err := listen(ctx, a.cfg.ListenAddress.String())
 	if err != nil {
 		return err
@@ -126,6 +130,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		defer ml.Close()
 	}
 	if err := a.up.waitHealthy(ctx, a.cfg.UpstreamCheckTimeout); err != nil {
+		if ctx.Err() != nil {
+			logger.Info("Stopped before intercepting")
+			return nil
+		}
 		return err
 	}
 
@@ -144,7 +152,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	if err := a.sync(ctx); err != nil {
-		a.removeNodeState(ctx)
 		_ = srv.Close()
 		return fmt.Errorf("installing redirect: %w", err)
 	}
@@ -165,7 +172,16 @@ loop:
 			break loop
 		case <-ticker.C:
 			if err := a.sync(ctx); err != nil {
-				logger.Error(err, "Syncing redirect failed; retrying next period")
+				// Fail open: a redirect the agent cannot vouch for (say, to
+				// an address it could not restore) must not stay.
+				logger.Error(err, "Syncing redirect failed; handing the VIP back to kube-proxy until a sync succeeds")
+				a.setNotReady(fmt.Errorf("sync failed: %w", err))
+				if err := a.chain.Remove(); err != nil {
+					logger.Error(err, "Removing redirect rules")
+				}
+			} else if a.Ready() != nil {
+				logger.Info("Redirect restored")
+				a.setNotReady(nil)
 			}
 		}
 	}
@@ -203,18 +219,37 @@ func (a *Agent) sync(ctx context.Context) error {
 // shutdown hands the VIP back to kube-proxy's path, then lets in-flight
 // requests finish within the grace period. New connections stop arriving as
 // soon as the jumps are gone; established ones keep their NAT mapping, so
-// the address stays until the server has stopped.
+// the address stays until the server has stopped, and stays for good if the
+// jumps could not be removed (a redirect to a missing address would
+// black-hole traffic).
 func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 	a.setNotReady(errors.New("shutting down"))
-	if err := a.chain.Remove(); err != nil {
-		logger.Error(err, "Removing redirect rules")
+	removed := false
+	for i := 0; i < 3 && !removed; i++ {
+		if err := a.chain.Remove(); err != nil {
+			logger.Error(err, "Removing redirect rules", "attempt", i+1)
+			time.Sleep(time.Second)
+			continue
+		}
+		removed = true
 	}
-	a.startDrain()
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGracePeriod)
 	defer cancel()
-	if err := srv.Shutdown(ctx); err != nil {
+	done := make(chan error, 1)
+	// Shutdown first sends GOAWAY on HTTP/2 connections, so clients open
+	// their next request on a new connection (now past the removed
+	// redirect); then open watches are ended to make their clients
+	// reconnect the same way.
+	go func() { done <- srv.Shutdown(ctx) }()
+	time.Sleep(100 * time.Millisecond)
+	a.startDrain()
+	if err := <-done; err != nil {
 		logger.Info("Grace period over; closing remaining connections", "gracePeriod", a.cfg.ShutdownGracePeriod)
 		_ = srv.Close()
+	}
+	if !removed {
+		logger.Info("Redirect rules could not be removed; leaving the listen address in place")
+		return
 	}
 	if err := a.addr.Remove(); err != nil {
 		logger.Error(err, "Removing listen address")
@@ -222,13 +257,17 @@ func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 	logger.Info("Stopped; the kubernetes Service goes straight to kube-apiserver again")
 }
 
-// removeNodeState undoes a partial start-up.
-func (a *Agent) removeNodeState(ctx context.Context) {
-	logger := klog.FromContext(ctx)
+// removeStale removes a redirect and address left on the node, by this
+// process's failed start or by an earlier instance that died: with no agent
+// serving, the VIP must go straight to kube-apiserver. It creates nothing,
+// so on a clean node it changes nothing.
+func (a *Agent) removeStale() {
+	logger := klog.Background()
 	if err := a.chain.Remove(); err != nil {
-		logger.Error(err, "Removing redirect rules")
+		logger.Error(err, "Removing stale redirect rules")
+		return // keep the address the remaining jumps point to
 	}
 	if err := a.addr.Remove(); err != nil {
-		logger.Error(err, "Removing listen address")
+		logger.Error(err, "Removing stale listen address")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"strings"
 	"time"
 )
 
@@ -75,6 +76,9 @@ const (
 	DefaultShutdownGracePeriod  = 30 * time.Second
 )
 
+// builtinChains are the nat table's own chains.
+var builtinChains = map[string]bool{"PREROUTING": true, "INPUT": true, "OUTPUT": true, "POSTROUTING": true, "FORWARD": true}
+
 // Validate reports the first problem with c, as a one-line error.
 func (c *Config) Validate() error {
 	switch {
@@ -94,6 +98,14 @@ func (c *Config) Validate() error {
 		return errors.New("--tls-cert-file and --tls-private-key-file are required")
 	case c.Chain == "" || len(c.Chain) > 28:
 		return errors.New("--iptables-chain must be 1-28 characters")
+	case builtinChains[c.Chain] || (strings.HasPrefix(c.Chain, "KUBE-") && !strings.HasPrefix(c.Chain, "KUBE-APICACHE")):
+		return fmt.Errorf("--iptables-chain %s belongs to the kernel or kube-proxy; the agent flushes its own chain", c.Chain)
+	case c.ListenLink == "" || len(c.ListenLink) > 15 || strings.ContainsAny(c.ListenLink, "/ "):
+		return errors.New("--listen-link must be a valid link name of 1-15 characters")
+	case !c.ListenAddress.Addr().Is4():
+		return errors.New("--listen-address must be IPv4; IPv6 is not supported yet")
+	case c.ListenAddress.Addr().IsLoopback():
+		return errors.New("--listen-address must not be a loopback address: the kernel drops pod traffic DNATed to loopback")
 	case c.SyncPeriod <= 0:
 		return errors.New("--sync-period must be positive")
 	case c.UpstreamCheckTimeout <= 0:
@@ -107,14 +119,18 @@ func (c *Config) Validate() error {
 		}
 	}
 	for _, u := range c.Upstreams {
-		if u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
-			return fmt.Errorf("--upstream %q must be an https://host:port URL", u.String())
+		if u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.User != nil || u.Fragment != "" {
+			return fmt.Errorf("--upstream %q must be an https://host:port URL", u.Redacted())
 		}
 		if ip, err := netip.ParseAddr(u.Hostname()); err == nil {
+			ip = ip.Unmap()
 			for _, vip := range c.ServiceVIPs {
 				if ip == vip {
 					return fmt.Errorf("--upstream %s is the Service VIP: the agent must dial apiserver endpoints directly", u.Host)
 				}
+			}
+			if ip == c.ListenAddress.Addr() {
+				return fmt.Errorf("--upstream %s is the agent's own listen address", u.Host)
 			}
 		}
 	}

@@ -39,7 +39,7 @@ func newForwarder(up *upstreams) http.Handler {
 		},
 		Transport:     up,
 		FlushInterval: -1,
-		ErrorLog:      nil,
+		ErrorLog:      newServerErrorLog(klog.Background()),
 		ModifyResponse: func(resp *http.Response) error {
 			if isUpgrade(resp.Request) && resp.StatusCode != http.StatusSwitchingProtocols {
 				resp.Header.Set("Connection", "close")

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,6 +20,9 @@ import (
 // metrics are the agent's Prometheus metrics, in a registry of its own.
 type metrics struct {
 	registry *prometheus.Registry
+	// resources bounds the resource label: paths come from clients before
+	// any authentication, and must not grow the label set without limit.
+	resources *labelSet
 
 	requests        *prometheus.CounterVec
 	requestDuration *prometheus.HistogramVec
@@ -28,7 +32,8 @@ type metrics struct {
 
 func newMetrics() *metrics {
 	m := &metrics{
-		registry: prometheus.NewRegistry(),
+		registry:  prometheus.NewRegistry(),
+		resources: &labelSet{max: maxResourceLabels, seen: map[string]bool{}},
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_requests_total",
 			Help: "Requests received from clients, by verb, resource, how they were handled and response code.",
@@ -75,14 +80,13 @@ func (m *metrics) instrument(handler string, h http.Handler) http.Handler {
 		start := time.Now()
 		verb, resource := "unknown", ""
 		if info, ok := request.RequestInfoFrom(r.Context()); ok {
-			verb = info.Verb
+			verb = boundedVerb(info.Verb)
 			if info.IsResourceRequest {
 				resource = info.Resource
 				if info.Subresource != "" {
 					resource += "/" + info.Subresource
 				}
-			} else {
-				verb = strings.ToLower(info.Verb)
+				resource = m.resources.bound(resource)
 			}
 		}
 		rec := &statusRecorder{ResponseWriter: w}
@@ -111,7 +115,11 @@ type statusRecorder struct {
 }
 
 func (s *statusRecorder) WriteHeader(code int) {
-	s.status.CompareAndSwap(0, int32(code))
+	// 1xx other than 101 are informational (100 Continue, 103 Early
+	// Hints); the final status comes later.
+	if code >= 200 || code == http.StatusSwitchingProtocols {
+		s.status.CompareAndSwap(0, int32(code))
+	}
 	s.ResponseWriter.WriteHeader(code)
 }
 
@@ -126,8 +134,14 @@ func (s *statusRecorder) Flush() {
 	}
 }
 
+// Hijack is how httputil.ReverseProxy completes an upgrade: it writes the
+// 101 straight onto the connection, so record it here.
 func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	return http.NewResponseController(s.ResponseWriter).Hijack()
+	conn, rw, err := http.NewResponseController(s.ResponseWriter).Hijack()
+	if err == nil {
+		s.status.CompareAndSwap(0, http.StatusSwitchingProtocols)
+	}
+	return conn, rw, err
 }
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
@@ -147,4 +161,42 @@ func (m *metrics) handler(ready func() error) http.Handler {
 		_, _ = w.Write([]byte("ok"))
 	})
 	return mux
+}
+
+// maxResourceLabels bounds the distinct resource label values; a cluster's
+// resources, built-in and custom, fit well within it.
+const maxResourceLabels = 1000
+
+// labelSet admits up to max distinct values and maps the rest to "other".
+type labelSet struct {
+	max int
+
+	mu   sync.Mutex // protects the field below
+	seen map[string]bool
+}
+
+func (l *labelSet) bound(v string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen[v] {
+		return v
+	}
+	if len(l.seen) >= l.max {
+		return "other"
+	}
+	l.seen[v] = true
+	return v
+}
+
+// knownVerbs are the verbs RequestInfo produces for well-formed requests;
+// non-resource requests carry the lower-cased HTTP method.
+var knownVerbs = sets.NewString("get", "list", "watch", "create", "update", "patch", "delete",
+	"deletecollection", "proxy", "head", "options", "post", "put", "connect")
+
+func boundedVerb(v string) string {
+	v = strings.ToLower(v)
+	if knownVerbs.Has(v) {
+		return v
+	}
+	return "other"
 }

@@ -44,3 +44,21 @@ func TestInstrumentLabels(t *testing.T) {
 		})
 	}
 }
+
+// TestResourceLabelsBounded checks that arbitrary paths cannot grow the
+// label set without limit.
+func TestResourceLabelsBounded(t *testing.T) {
+	m := newMetrics()
+	m.resources.max = 3
+	h := withRequestInfo(m.instrument("forward", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	for i := range 10 {
+		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/api/v1/junk"+strings.Repeat("x", i), nil))
+	}
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("BREW", "/api/v1/pods", nil))
+	if got := testutil.CollectAndCount(m.requests); got != 5 {
+		t.Errorf("%d series, want 3 admitted resources + other + one for the unknown verb", got)
+	}
+	if got := testutil.ToFloat64(m.requests.WithLabelValues("list", "other", "forward", "200")); got != 7 {
+		t.Errorf("other = %v, want 7", got)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -151,4 +152,36 @@ func TestFailedUpgradeClosesConnection(t *testing.T) {
 func isConnReset(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && strings.Contains(op.Err.Error(), "reset")
+}
+
+// TestFailedRestartRemovesDeadRedirect: given an agent killed with SIGKILL
+// (its redirect left behind, pointing at nothing), when its successor fails
+// to start, then the successor removes the stale redirect on its way out and
+// pods reach kube-apiserver through kube-proxy's path again.
+func TestFailedRestartRemovesDeadRedirect(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pod := newClientPod(t, ctx, c, "e2e-restart", "client")
+	a := startAgent(t, ctx, c)
+	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, a.Process, 10*time.Second)
+	if nat, _, _ := c.NodeNetState(ctx); !strings.Contains(nat, sandbox.AgentChain) {
+		t.Fatalf("SIGKILL left no redirect; the scenario needs one:\n%s", nat)
+	}
+
+	next, certFile, keyFile := newAgentPod(t, ctx, c)
+	cmd := next.Command(ctx, agentBin, c.AgentArgs(certFile, keyFile, "--upstream=https://10.250.0.99:6443", "--upstream-check-timeout=1s")...)
+	out, err := cmd.CombinedOutput()
+	var exit *exitError
+	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+		t.Fatalf("successor exited with %v, want non-zero:\n%s", err, out)
+	}
+	assertNoAgentState(t, ctx, c)
+	quick, cancelQuick := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelQuick()
+	mustKubectl(t, quick, pod, "get", "configmaps")
 }

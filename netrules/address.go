@@ -76,6 +76,11 @@ func (a *LocalAddress) Sync() (bool, error) {
 		family = netlink.FAMILY_V6
 	}
 	addrs, err := a.nl.AddrList(link, family)
+	if errors.Is(err, netlink.ErrDumpInterrupted) {
+		// The dump raced with another change; AddrAdd below tolerates an
+		// address that is already there.
+		err = nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("listing addresses of %s: %w", a.onLink, err)
 	}
@@ -151,8 +156,10 @@ func (a *LocalAddress) Remove() error {
 			}
 			continue
 		}
-		if name == a.link {
-			// The dummy link is ours alone: deleting it removes the address.
+		if name == a.link && link.Type() == "dummy" {
+			// The dummy link exists only to hold the address: deleting it
+			// removes the address too. A link of any other type is not
+			// ours to delete; only the address is removed from it.
 			if err := a.nl.LinkDel(link); err != nil {
 				errs = append(errs, fmt.Errorf("deleting link %s: %w", name, err))
 			}

@@ -60,7 +60,7 @@ type ChainSyncer struct {
 	mu sync.Mutex // protects the field below
 	// applied is the chain's content as the kernel printed it right after the
 	// last rewrite; a differing listing means someone changed the chain.
-	applied []string
+	applied [][]string
 }
 
 // NewChainSyncer returns a syncer for chain using ipt.
@@ -101,12 +101,11 @@ func (s *ChainSyncer) Sync() (SyncResult, error) {
 		s.applied = nil
 	}
 
-	current, err := s.ipt.List(c.Table, c.Name)
+	current, err := s.listArgs(c.Name)
 	if err != nil {
-		return res, fmt.Errorf("listing chain %s/%s: %w", c.Table, c.Name, err)
+		return res, err
 	}
-	current = ruleLines(current)
-	if s.applied == nil || !slices.Equal(current, s.applied) {
+	if s.applied == nil || !slices.EqualFunc(current, s.applied, slices.Equal[[]string]) {
 		if err := s.rewrite(); err != nil {
 			return res, err
 		}
@@ -138,11 +137,10 @@ func (s *ChainSyncer) rewrite() error {
 			return fmt.Errorf("appending to chain %s/%s: %w", c.Table, c.Name, err)
 		}
 	}
-	got, err := s.ipt.List(c.Table, c.Name)
+	got, err := s.listArgs(c.Name)
 	if err != nil {
-		return fmt.Errorf("listing chain %s/%s: %w", c.Table, c.Name, err)
+		return err
 	}
-	got = ruleLines(got)
 	if len(got) != len(c.Rules) {
 		return fmt.Errorf("chain %s/%s has %d rules after rewrite, want %d", c.Table, c.Name, len(got), len(c.Rules))
 	}
@@ -150,53 +148,74 @@ func (s *ChainSyncer) rewrite() error {
 	return nil
 }
 
-// syncJump makes "-j Name" the first rule of from, and the only jump to Name
-// there. It reports whether it had to change anything.
+// listArgs returns the arguments of every rule in chain.
+func (s *ChainSyncer) listArgs(chain string) ([][]string, error) {
+	rules, err := s.list(chain)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]string, len(rules))
+	for i, r := range rules {
+		out[i] = r.args
+	}
+	return out, nil
+}
+
+func (s *ChainSyncer) list(chain string) ([]parsedRule, error) {
+	lines, err := s.ipt.List(s.chain.Table, chain)
+	if err != nil {
+		return nil, fmt.Errorf("listing chain %s/%s: %w", s.chain.Table, chain, err)
+	}
+	return parseRules(lines), nil
+}
+
+// syncJump makes our exact jump rule the first rule of from, and the only
+// rule there that jumps or goes to the chain. It reports whether it had to
+// change anything.
 func (s *ChainSyncer) syncJump(from string) (bool, error) {
 	c := &s.chain
-	lines, err := s.ipt.List(c.Table, from)
+	rules, err := s.list(from)
 	if err != nil {
-		return false, fmt.Errorf("listing chain %s/%s: %w", c.Table, from, err)
+		return false, err
 	}
-	rules := ruleLines(lines)
-	var jumps int
-	for _, l := range rules {
-		if jumpTarget(l) == c.Name {
-			jumps++
+	var ours int
+	for _, r := range rules {
+		if r.target() == c.Name {
+			ours++
 		}
 	}
-	if jumps == 1 && jumpTarget(rules[0]) == c.Name {
+	if ours == 1 && slices.Equal(rules[0].args, c.jumpArgs()) {
 		return false, nil
 	}
-	// Insert the new jump first, then drop every other one: there is never a
-	// moment without a jump at the head of the chain.
+	// Remove every jump, then insert ours at the head. Deleting by
+	// specification removes the first matching rule, so inserting first
+	// would delete the new jump. In between, new connections take
+	// kube-proxy's path, which is always safe.
+	if err := s.deleteJumps(from); err != nil {
+		return false, err
+	}
 	if err := s.ipt.Insert(c.Table, from, 1, c.jumpArgs()...); err != nil {
 		return false, fmt.Errorf("inserting jump %s/%s -> %s: %w", c.Table, from, c.Name, err)
-	}
-	for i := jumps; i > 0; i-- {
-		if err := s.deleteLastJump(from); err != nil {
-			return false, err
-		}
 	}
 	return true, nil
 }
 
-// deleteLastJump removes the last rule of from that jumps to the chain. It
-// deletes by position so that jumps written by other versions (other
-// comments or matches) are removed as well.
-func (s *ChainSyncer) deleteLastJump(from string) error {
+// deleteJumps removes every rule of from that jumps or goes to the chain.
+// Rules are deleted by their full specification, never by position, so that
+// a concurrent change by another component (kube-proxy, a CNI plugin)
+// cannot make us delete its rule.
+func (s *ChainSyncer) deleteJumps(from string) error {
 	c := &s.chain
-	lines, err := s.ipt.List(c.Table, from)
+	rules, err := s.list(from)
 	if err != nil {
-		return fmt.Errorf("listing chain %s/%s: %w", c.Table, from, err)
+		return err
 	}
-	rules := ruleLines(lines)
-	for i := len(rules) - 1; i >= 0; i-- {
-		if jumpTarget(rules[i]) == c.Name {
-			if err := s.ipt.Delete(c.Table, from, fmt.Sprint(i+1)); err != nil {
-				return fmt.Errorf("deleting jump %d of %s/%s: %w", i+1, c.Table, from, err)
-			}
-			return nil
+	for _, r := range rules {
+		if r.target() != c.Name {
+			continue
+		}
+		if err := s.ipt.Delete(c.Table, from, r.args...); err != nil && !IsNotExist(err) {
+			return fmt.Errorf("deleting jump from %s/%s: %w", c.Table, from, err)
 		}
 	}
 	return nil
@@ -204,7 +223,8 @@ func (s *ChainSyncer) deleteLastJump(from string) error {
 
 // Remove deletes every jump to the chain from the JumpFrom chains, then the
 // chain itself. Jumps go first, so that traffic stops entering the chain
-// before it changes. Missing state is not an error.
+// before it changes. Missing state is not an error, and Remove creates
+// nothing: a node that never had the chain is left untouched.
 func (s *ChainSyncer) Remove() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -212,35 +232,45 @@ func (s *ChainSyncer) Remove() error {
 	s.applied = nil
 	var errs []error
 	for _, from := range c.JumpFrom {
-		for {
-			lines, err := s.ipt.List(c.Table, from)
-			if err != nil {
-				if !IsNotExist(err) {
-					errs = append(errs, fmt.Errorf("listing chain %s/%s: %w", c.Table, from, err))
-				}
-				break
-			}
-			found := false
-			for _, l := range ruleLines(lines) {
-				if jumpTarget(l) == c.Name {
-					found = true
-					break
-				}
-			}
-			if !found {
-				break
-			}
-			if err := s.deleteLastJump(from); err != nil {
-				errs = append(errs, err)
-				break
+		if err := s.deleteJumps(from); err != nil && !IsNotExist(err) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		// A jump may remain: keep the chain it points to.
+		return errors.Join(errs...)
+	}
+	chains, err := s.ipt.ListChains(c.Table)
+	if err != nil {
+		return fmt.Errorf("listing chains of table %s: %w", c.Table, err)
+	}
+	if !slices.Contains(chains, c.Name) {
+		return nil
+	}
+	if err := s.ipt.ClearChain(c.Table, c.Name); err != nil {
+		return fmt.Errorf("flushing chain %s/%s: %w", c.Table, c.Name, err)
+	}
+	if err := s.ipt.DeleteChain(c.Table, c.Name); err != nil && !IsNotExist(err) {
+		return fmt.Errorf("deleting chain %s/%s: %w", c.Table, c.Name, err)
+	}
+	return nil
+}
+
+// Present reports whether any jump to the chain exists: whether traffic is
+// redirected right now.
+func (s *ChainSyncer) Present() (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, from := range s.chain.JumpFrom {
+		rules, err := s.list(from)
+		if err != nil {
+			return false, err
+		}
+		for _, r := range rules {
+			if r.target() == s.chain.Name {
+				return true, nil
 			}
 		}
 	}
-	if err := s.ipt.ClearChain(c.Table, c.Name); err != nil && !IsNotExist(err) {
-		errs = append(errs, fmt.Errorf("flushing chain %s/%s: %w", c.Table, c.Name, err))
-	}
-	if err := s.ipt.DeleteChain(c.Table, c.Name); err != nil && !IsNotExist(err) {
-		errs = append(errs, fmt.Errorf("deleting chain %s/%s: %w", c.Table, c.Name, err))
-	}
-	return errors.Join(errs...)
+	return false, nil
 }

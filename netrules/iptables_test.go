@@ -184,3 +184,13 @@ func TestChainSyncerRemoveMissing(t *testing.T) {
 		t.Fatalf("(-want +got):\n%s", diff)
 	}
 }
+
+// TestSplitQuoted checks the tokenizer against iptables -S quoting.
+func TestSplitQuoted(t *testing.T) {
+	line := `-A PREROUTING -m comment --comment "kube-apicache: say \"hi\" -j X" -c 10 20 -j KUBE-APICACHE`
+	got := netrules.ParseRuleForTest(line)
+	want := []string{"-m", "comment", "--comment", `kube-apicache: say "hi" -j X`, "-j", "KUBE-APICACHE"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}

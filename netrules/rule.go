@@ -1,53 +1,78 @@
 package netrules
 
-import "strings"
+import (
+	"slices"
+	"strings"
+)
 
-// Rule is one iptables rule: the table and chain it lives in and its
-// arguments, exactly as they would follow `iptables -t Table -A Chain`.
-type Rule struct {
-	Table string
-	Chain string
-	Args  []string
+// parsedRule is one "-A CHAIN args..." line of `iptables -S` output, split
+// into the chain and its arguments with iptables' quoting undone and packet
+// counters ("-c PKTS BYTES", printed by some iptables-nft versions) dropped.
+type parsedRule struct {
+	chain string
+	args  []string
 }
 
-// String renders the rule as a line of iptables-save output.
-func (r Rule) String() string {
-	return "-A " + r.Chain + " " + strings.Join(quoteArgs(r.Args), " ")
-}
-
-// quoteArgs quotes arguments with spaces the way iptables-save prints them,
-// so that rendered rules compare equal to what the kernel reports.
-func quoteArgs(args []string) []string {
-	out := make([]string, len(args))
-	for i, a := range args {
-		if a == "" || strings.ContainsAny(a, " \t\"") {
-			out[i] = `"` + strings.ReplaceAll(a, `"`, `\"`) + `"`
-		} else {
-			out[i] = a
+// parseRules picks the rules out of `iptables -S CHAIN` output.
+func parseRules(lines []string) []parsedRule {
+	var out []parsedRule
+	for _, l := range lines {
+		f := splitQuoted(l)
+		if len(f) < 2 || f[0] != "-A" {
+			continue
 		}
+		out = append(out, parsedRule{chain: f[1], args: dropCounters(f[2:])})
 	}
 	return out
 }
 
-// jumpTarget returns the target of an iptables -S rule line ("-A C ... -j T"),
-// or "" if it has none.
-func jumpTarget(line string) string {
-	f := strings.Fields(line)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "-g" {
-			return f[i+1]
+// target returns the rule's jump (-j) or goto (-g) target, or "".
+func (r parsedRule) target() string {
+	for i := 0; i+1 < len(r.args); i++ {
+		if r.args[i] == "-j" || r.args[i] == "-g" {
+			return r.args[i+1]
 		}
 	}
 	return ""
 }
 
-// ruleLines filters the "-A" lines out of `iptables -S CHAIN` output.
-func ruleLines(lines []string) []string {
+// splitQuoted splits a line of iptables -S output into words. iptables
+// double-quotes words containing anything but [A-Za-z0-9_./:-] and escapes
+// '"' and '\' inside them with a backslash.
+func splitQuoted(line string) []string {
 	var out []string
-	for _, l := range lines {
-		if strings.HasPrefix(l, "-A ") {
-			out = append(out, l)
+	var cur strings.Builder
+	inWord, quoted := false, false
+	for i := 0; i < len(line); i++ {
+		ch := line[i]
+		switch {
+		case quoted && ch == '\\' && i+1 < len(line):
+			i++
+			cur.WriteByte(line[i])
+		case ch == '"':
+			quoted = !quoted
+			inWord = true
+		case !quoted && (ch == ' ' || ch == '\t'):
+			if inWord {
+				out = append(out, cur.String())
+				cur.Reset()
+				inWord = false
+			}
+		default:
+			cur.WriteByte(ch)
+			inWord = true
 		}
 	}
+	if inWord {
+		out = append(out, cur.String())
+	}
 	return out
+}
+
+// dropCounters removes "-c PKTS BYTES" from a rule's arguments.
+func dropCounters(args []string) []string {
+	if i := slices.Index(args, "-c"); i >= 0 && i+2 < len(args) {
+		return append(slices.Clone(args[:i]), args[i+3:]...)
+	}
+	return args
 }

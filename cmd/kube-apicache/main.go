@@ -123,7 +123,9 @@ func run(ctx context.Context, cfg *agent.Config) error {
 	logger := klog.Background().WithName("kube-apicache")
 	ctx = klog.NewContext(ctx, logger)
 
-	ipt, err := iptables.New()
+	// A bounded lock wait: an xtables lock held forever by someone else
+	// must not hang syncs or shutdown.
+	ipt, err := iptables.New(iptables.Timeout(5))
 	if err != nil {
 		return fmt.Errorf("iptables: %w", err)
 	}
