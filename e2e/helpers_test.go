@@ -161,12 +161,7 @@ func agentRequests(t *testing.T, ctx context.Context, a *sandbox.Agent) map[stri
 // in-cluster client does.
 func vipClient(t *testing.T, pod *sandbox.Pod, http2 bool) *http.Client {
 	t.Helper()
-	caPEM, err := os.ReadFile(filepath.Join(pod.Dir, "serviceaccount", "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
+	pool := podCAPool(t, pod)
 	tr := &http.Transport{
 		DialContext:       pod.NetNS.DialContext,
 		TLSClientConfig:   &tls.Config{RootCAs: pool},
@@ -196,3 +191,18 @@ func waitExit(t *testing.T, p *sandbox.Process, timeout time.Duration) int {
 }
 
 type exitError = exec.ExitError
+
+// podCAPool holds the CA from the pod's ServiceAccount ca.crt: all an
+// in-cluster client trusts.
+func podCAPool(t *testing.T, pod *sandbox.Pod) *x509.CertPool {
+	t.Helper()
+	caPEM, err := os.ReadFile(filepath.Join(pod.Dir, "serviceaccount", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("no certificate in the pod's ca.crt")
+	}
+	return pool
+}

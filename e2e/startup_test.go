@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -110,12 +109,7 @@ func TestFailedUpgradeClosesConnection(t *testing.T) {
 	pod := newClientPod(t, ctx, c, "e2e-upgrade", "client")
 	startAgent(t, ctx, c)
 
-	caPEM, err := os.ReadFile(filepath.Join(pod.Dir, "serviceaccount", "ca.crt"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(caPEM)
+	pool := podCAPool(t, pod)
 	raw, err := pod.NetNS.DialContext(ctx, "tcp", fmt.Sprintf("%s:%d", sandbox.ServiceVIP, sandbox.ServicePort))
 	if err != nil {
 		t.Fatal(err)
