@@ -31,10 +31,9 @@ type Agent struct {
 	handler http.Handler
 	// drain is cancelled when shutdown starts, which ends open watches so
 	// their clients reconnect, now past the removed redirect.
-	drain       context.Context
-	startDrain  context.CancelFunc
-	now         func() time.Time
-	metricsAddr string
+	drain      context.Context
+	startDrain context.CancelFunc
+	now        func() time.Time
 
 	mu sync.Mutex // protects the field below
 	// notReady is why the agent is not intercepting; nil while it is.

@@ -255,22 +255,3 @@ func (s *ChainSyncer) Remove() error {
 	}
 	return nil
 }
-
-// Present reports whether any jump to the chain exists: whether traffic is
-// redirected right now.
-func (s *ChainSyncer) Present() (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, from := range s.chain.JumpFrom {
-		rules, err := s.list(from)
-		if err != nil {
-			return false, err
-		}
-		for _, r := range rules {
-			if r.target() == s.chain.Name {
-				return true, nil
-			}
-		}
-	}
-	return false, nil
-}

@@ -1,7 +1,6 @@
 package sandbox
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -108,25 +107,6 @@ func (p *Process) Stop(grace time.Duration) {
 func (p *Process) Log() string {
 	b, _ := os.ReadFile(p.LogFile)
 	return string(b)
-}
-
-// WaitForLog waits until the output contains substr.
-func (p *Process) WaitForLog(ctx context.Context, substr string) error {
-	for {
-		if strings.Contains(p.Log(), substr) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %q in the output of %s: %w", substr, p.Name, ctx.Err())
-		case <-p.done:
-			if strings.Contains(p.Log(), substr) {
-				return nil
-			}
-			return fmt.Errorf("%s exited before printing %q: %s", p.Name, substr, tail(p.Log(), 20))
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
 }
 
 // tail returns the last n lines of s.
