@@ -255,3 +255,14 @@ func (s *ChainSyncer) Remove() error {
 	}
 	return nil
 }
+
+// Present reports whether the chain exists in the kernel, whoever created
+// it: on shutdown, a chain that reappeared after Remove means a successor
+// has taken over.
+func (s *ChainSyncer) Present() (bool, error) {
+	chains, err := s.ipt.ListChains(s.chain.Table)
+	if err != nil {
+		return false, fmt.Errorf("listing chains of table %s: %w", s.chain.Table, err)
+	}
+	return slices.Contains(chains, s.chain.Name), nil
+}

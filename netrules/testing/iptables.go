@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // builtinChains are the chains each table starts with.
@@ -46,8 +48,13 @@ type table struct {
 
 // IPTables is a fake of netrules.IPTables.
 type IPTables struct {
+	// v6 makes the fake an ip6tables; only sets of its family can be
+	// matched.
+	v6 bool
+
 	mu     sync.Mutex // protects the fields below
 	tables map[string]*table
+	sets   *IPSet
 	// Calls counts mutating calls, so tests can assert that a sync of an
 	// already correct state changes nothing.
 	Calls int
@@ -64,6 +71,73 @@ func NewIPTables() *IPTables {
 		f.tables[name] = t
 	}
 	return f
+}
+
+// NewIP6Tables returns an ip6tables fake with the built-in tables and chains.
+func NewIP6Tables() *IPTables {
+	f := NewIPTables()
+	f.v6 = true
+	return f
+}
+
+// UseSets makes rules with "-m set --match-set NAME" refer to sets in s, as
+// the kernel does: such a rule is refused while the set does not exist or
+// is of the other family, and the set cannot be destroyed while a rule
+// refers to it. Without UseSets every set match is refused.
+func (f *IPTables) UseSets(s *IPSet) {
+	f.mu.Lock()
+	f.sets = s
+	f.mu.Unlock()
+	s.mu.Lock()
+	prev := s.inUse
+	s.inUse = func(name string) bool {
+		return f.referencesSet(name) || (prev != nil && prev(name))
+	}
+	s.mu.Unlock()
+}
+
+// referencesSet reports whether any rule matches set name.
+func (f *IPTables) referencesSet(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, t := range f.tables {
+		for _, rules := range t.chains {
+			for _, r := range rules {
+				if slices.Contains(matchSets(strings.Fields(r)), name) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+func matchSets(rulespec []string) []string {
+	var out []string
+	for i := 0; i+1 < len(rulespec); i++ {
+		if rulespec[i] == "--match-set" {
+			out = append(out, strings.Trim(rulespec[i+1], `"`))
+		}
+	}
+	return out
+}
+
+// checkSets refuses rules matching sets that do not exist or are of the
+// other family.
+func (f *IPTables) checkSets(rulespec []string) error {
+	for _, name := range matchSets(rulespec) {
+		if f.sets == nil {
+			return &Error{msg: fmt.Sprintf("Set %s doesn't exist.\n", name)}
+		}
+		family, ok := f.sets.exists(name)
+		if !ok {
+			return &Error{msg: fmt.Sprintf("Set %s doesn't exist.\n", name)}
+		}
+		if (family == unix.AF_INET6) != f.v6 {
+			return &Error{msg: fmt.Sprintf("The protocol family of set %s is incompatible.\n", name)}
+		}
+	}
+	return nil
 }
 
 func isBuiltin(tbl, chain string) bool { return slices.Contains(builtinChains[tbl], chain) }
@@ -188,6 +262,9 @@ func (f *IPTables) Insert(tbl, chain string, pos int, rulespec ...string) error 
 	if err := f.checkTarget(t, rulespec); err != nil {
 		return err
 	}
+	if err := f.checkSets(rulespec); err != nil {
+		return err
+	}
 	rules := t.chains[chain]
 	if pos < 1 || pos > len(rules)+1 {
 		return &Error{msg: "iptables: Index of insertion too big.\n"}
@@ -206,6 +283,9 @@ func (f *IPTables) Append(tbl, chain string, rulespec ...string) error {
 		return err
 	}
 	if err := f.checkTarget(t, rulespec); err != nil {
+		return err
+	}
+	if err := f.checkSets(rulespec); err != nil {
 		return err
 	}
 	t.chains[chain] = append(t.chains[chain], render(rulespec))
