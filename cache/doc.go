@@ -1,5 +1,10 @@
-// Package cache will hold the node-local shared informer cache that answers
-// covered reads (get, list, and the initial events of watch-lists) with
-// kube-apiserver's semantics. The agent does not use it yet: every request
-// is forwarded upstream.
+// Package cache is the node-local shared cache: one watch per configured
+// resource, shared by every client on the node, whose Store answers covered
+// reads with kube-apiserver's semantics and bytes.
+//
+// Files: store.go (the Store and its resourceVersion), resource.go (one
+// watched resource), classify.go (which requests the cache may answer),
+// cache.go (the request path), encode.go (JSON and protobuf from cached
+// bytes), fields.go (kube-apiserver's field labels), write.go (the
+// read-your-writes barrier), metrics.go.
 package cache

@@ -1,0 +1,301 @@
+package cache
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/endpoints/handlers/responsewriters"
+	"k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/cache/access"
+)
+
+// Cache answers covered get and list requests from one shared watch per
+// resource, and forwards everything else.
+type Cache struct {
+	// Fixed at construction.
+	cfg       Config
+	resources []*resource
+	// byGR finds a resource by group and resource.
+	byGR map[schema.GroupResource]*resource
+	// crds follows the CRDs of cached custom resources; nil if none are
+	// configured.
+	crds    *crdIndex
+	metrics *metrics
+	now     func() time.Time
+}
+
+// New returns a Cache for cfg. It starts nothing; Run does.
+func New(cfg Config) (*Cache, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("cache: node name is required")
+	}
+	if cfg.RESTConfig == nil {
+		return nil, errors.New("cache: a client configuration is required")
+	}
+	if cfg.WaitTimeout <= 0 {
+		cfg.WaitTimeout = DefaultWaitTimeout
+	}
+	c := &Cache{cfg: cfg, byGR: map[schema.GroupResource]*resource{}, now: time.Now, crds: newCRDIndex(cfg.Resources)}
+	for _, spec := range cfg.Resources {
+		r := newResource(spec, cfg.NodeName)
+		r.crds = c.crds
+		c.resources = append(c.resources, r)
+		c.byGR[spec.GroupResource()] = r
+	}
+	c.metrics = newMetrics(c)
+	if cfg.Registerer != nil {
+		if err := c.metrics.register(cfg.Registerer); err != nil {
+			return nil, fmt.Errorf("registering cache metrics: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// Run resolves and watches every resource until ctx ends.
+func (c *Cache) Run(ctx context.Context) {
+	dc, err := discovery.NewDiscoveryClientForConfig(c.cfg.RESTConfig)
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cache disabled: cannot build a discovery client")
+		return
+	}
+	var wg sync.WaitGroup
+	if c.crds != nil {
+		wg.Go(func() { c.crds.run(ctx, c.cfg.RESTConfig) })
+	}
+	for _, r := range c.resources {
+		wg.Go(func() { r.run(ctx, c.cfg.RESTConfig, dc, nil) })
+	}
+	wg.Wait()
+}
+
+// Resources returns the cached resources' state, for status and tests.
+func (c *Cache) Resources() []ResourceState {
+	out := make([]ResourceState, 0, len(c.resources))
+	for _, r := range c.resources {
+		out = append(out, r.state())
+	}
+	return out
+}
+
+// ResourceState is one resource's cache state.
+type ResourceState struct {
+	Resource        string
+	Synced          bool
+	Healthy         bool
+	Objects         int
+	ResourceVersion uint64
+}
+
+func (r *resource) state() ResourceState {
+	s := ResourceState{Resource: r.label}
+	if r.ready.Load() {
+		s.Synced = r.store.Synced()
+		s.Healthy = r.healthy()
+		s.Objects = r.store.Len()
+		s.ResourceVersion = r.store.ResourceVersion()
+	}
+	return s
+}
+
+// lookup returns the resource serving gvr, once it is resolved.
+func (c *Cache) lookup(gvr schema.GroupVersionResource) *resource {
+	r := c.byGR[gvr.GroupResource()]
+	if r == nil || !r.ready.Load() || r.gvr != gvr {
+		return nil
+	}
+	if !r.builtin && (c.crds == nil || !c.crds.serves(gvr, r.selectable)) {
+		// The CRD is gone, changed its served versions or selectable
+		// fields, or is not listed yet.
+		return nil
+	}
+	return r
+}
+
+type planKey struct{}
+
+// Handler returns the request path: requests the cache can answer for an
+// authorized caller are served by hit (wrapped by wrapHit, for the agent's
+// request metrics); all others go to forward unchanged. The request must
+// carry its RequestInfo in the context.
+func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Handler) http.Handler {
+	hit := wrapHit(http.HandlerFunc(c.serve))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, _ := request.RequestInfoFrom(r.Context())
+		p, reason := c.classify(r, info)
+		if p == nil {
+			c.metrics.forwarded(info, reason)
+			forward.ServeHTTP(w, r)
+			return
+		}
+		if c.cfg.Reviewer == nil {
+			c.metrics.forwarded(info, reasonNoReviewer)
+			forward.ServeHTTP(w, r)
+			return
+		}
+		res := c.cfg.Reviewer.Review(r, info)
+		switch res.Verdict {
+		case access.Allowed:
+		case access.Denied:
+			c.metrics.outcome(info, "denied", "")
+			err := res.Err
+			if err == nil {
+				err = apierrors.NewForbidden(schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}, info.Name, errors.New("access denied"))
+			}
+			hit.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), planKey{}, err)))
+			return
+		default:
+			c.metrics.forwarded(info, "review-"+res.Reason)
+			forward.ServeHTTP(w, r)
+			return
+		}
+		if reason := c.await(r.Context(), p); reason != "" {
+			c.metrics.forwarded(info, reason)
+			forward.ServeHTTP(w, r)
+			return
+		}
+		if p.verb == "get" && p.badRequest == nil && !p.mayBeAbsent {
+			if _, _, ok := p.res.store.Get(p.namespace, p.name); !ok {
+				c.metrics.forwarded(info, reasonOutOfScope)
+				forward.ServeHTTP(w, r)
+				return
+			}
+		}
+		if p.verb == "list" && p.badRequest == nil && p.mode != rvAny && p.limit > 0 {
+			if objs, _ := p.snapshot(); int64(len(objs)) > p.limit {
+				// kube-apiserver would paginate; continue tokens are its own.
+				c.metrics.forwarded(info, reasonPaginated)
+				forward.ServeHTTP(w, r)
+				return
+			}
+		}
+		c.metrics.outcome(info, "hit", "")
+		p.upstream = forward
+		hit.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), planKey{}, p)))
+	})
+}
+
+// await waits (bounded) until the cache may answer p's resourceVersion
+// semantics, and returns a reason to forward if it may not.
+func (c *Cache) await(ctx context.Context, p *plan) string {
+	if p.badRequest != nil {
+		return ""
+	}
+	if p.verb == "watch" && !p.res.healthy() {
+		// A watch-list continues upstream from the Store's
+		// resourceVersion; while the Store's own watch is broken (an
+		// apiserver restarted, etcd compacted) that version may be gone,
+		// and the client would get 410 and relist again and again until
+		// the Store recovered. kube-apiserver answers it instead.
+		return reasonUnhealthy
+	}
+	var want uint64
+	switch p.mode {
+	case rvAny:
+		return ""
+	case rvNotOlderThan:
+		want = p.minRV
+	case rvConsistent:
+		if !p.res.healthy() {
+			return reasonUnhealthy
+		}
+		barrier, recent := p.res.barrierState(c.now())
+		if recent {
+			return reasonRecentWrite
+		}
+		want = barrier
+	}
+	if p.res.store.ResourceVersion() >= want {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
+	defer cancel()
+	if err := p.res.store.WaitForResourceVersion(ctx, want); err != nil {
+		if p.mode == rvConsistent {
+			return reasonBarrier
+		}
+		return reasonTooNew
+	}
+	return ""
+}
+
+// serve writes the answer planned by Handler.
+func (c *Cache) serve(w http.ResponseWriter, r *http.Request) {
+	switch v := r.Context().Value(planKey{}).(type) {
+	case error:
+		writeStatus(w, r, v)
+	case *plan:
+		c.servePlan(w, r, v)
+	}
+}
+
+func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
+	if p.badRequest != nil {
+		writeStatus(w, r, p.badRequest)
+		return
+	}
+	switch {
+	case p.verb == "watch":
+		c.serveWatchList(w, r, p)
+		return
+	case p.as == asTable:
+		c.serveTable(w, r, p)
+		return
+	case p.as == asMetadata:
+		c.serveMetadata(w, r, p)
+		return
+	}
+	res := p.res
+	enc := res.encoder
+	h := w.Header()
+	h.Set("Content-Type", p.media.contentType())
+	h.Set("Cache-Control", "no-cache, private")
+	if p.verb == "get" {
+		o, _, ok := res.store.Get(p.namespace, p.name)
+		if !ok {
+			writeStatus(w, r, apierrors.NewNotFound(res.gvr.GroupResource(), p.name))
+			return
+		}
+		body, err := enc.object(p.media, o)
+		if err != nil {
+			c.encodingFailed(w, r, res, err)
+			return
+		}
+		_ = body.writeTo(w)
+		return
+	}
+	objs, rv := p.snapshot()
+	body, err := enc.list(p.media, objs, rv)
+	if err != nil {
+		c.encodingFailed(w, r, res, err)
+		return
+	}
+	bw := bufio.NewWriterSize(w, 32<<10)
+	if err := body.writeTo(bw); err == nil {
+		_ = bw.Flush()
+	}
+}
+
+// encodingFailed answers 500 for an object the cache could not encode; it
+// is a bug, never expected.
+func (c *Cache) encodingFailed(w http.ResponseWriter, r *http.Request, res *resource, err error) {
+	klog.FromContext(r.Context()).Error(err, "Encoding cached objects failed", "resource", res.label)
+	w.Header().Del("Content-Type")
+	writeStatus(w, r, apierrors.NewInternalError(err))
+}
+
+// writeStatus writes err as kube-apiserver does, in the media type the
+// client negotiated.
+func writeStatus(w http.ResponseWriter, r *http.Request, err error) {
+	responsewriters.ErrorNegotiated(err, scheme.Codecs.WithoutConversion(), schema.GroupVersion{Version: "v1"}, w, r)
+}

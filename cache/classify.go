@@ -1,0 +1,357 @@
+package cache
+
+import (
+	"net/http"
+	"strings"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
+	metainternalversionscheme "k8s.io/apimachinery/pkg/apis/meta/internalversion/scheme"
+	metainternalversionvalidation "k8s.io/apimachinery/pkg/apis/meta/internalversion/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
+	"k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/registry/rest"
+	"k8s.io/client-go/kubernetes/scheme"
+)
+
+// rvMode is how a read's resourceVersion constrains the answer.
+type rvMode int
+
+const (
+	// rvAny: resourceVersion="0", any state the cache has.
+	rvAny rvMode = iota
+	// rvNotOlderThan: a state at least as new as plan.minRV.
+	rvNotOlderThan
+	// rvConsistent: resourceVersion unset, the latest state.
+	rvConsistent
+)
+
+// Reasons a request is forwarded, used as metric labels.
+const (
+	reasonNotResource     = "not-resource-request"
+	reasonVerb            = "verb"
+	reasonSubresource     = "subresource"
+	reasonNotCached       = "not-cached"
+	reasonNotSynced       = "not-synced"
+	reasonImpersonation   = "impersonation"
+	reasonNoToken         = "no-token"
+	reasonMediaType       = "media-type"
+	reasonPretty          = "pretty"
+	reasonParameters      = "parameters"
+	reasonContinue        = "continue"
+	reasonExact           = "resource-version-exact"
+	reasonInvalidOptions  = "invalid-options"
+	reasonOutOfScope      = "out-of-scope"
+	reasonConsistent      = "consistent-read"
+	reasonUnhealthy       = "watch-unhealthy"
+	reasonBarrier         = "write-barrier-timeout"
+	reasonRecentWrite     = "recent-write"
+	reasonTooNew          = "resource-version-too-new"
+	reasonPaginated       = "paginated"
+	reasonNoReviewer      = "no-reviewer"
+	reasonEncoding        = "encoding"
+	reasonResourceVersion = "resource-version"
+	reasonVersion         = "other-version"
+	reasonNoRoute         = "no-route"
+)
+
+// plan is what the cache will do for one request, decided before any
+// review.
+type plan struct {
+	res       *resource
+	verb      string // get or list
+	namespace string
+	name      string
+	media     mediaType
+	mode      rvMode
+	minRV     uint64
+	// limit is the list's limit (0: none); ignored for rvAny.
+	limit int64
+	// pred selects a list's objects.
+	pred Predicate
+	// badRequest is the 400 kube-apiserver answers once the request is
+	// authorized (an unparsable selector or unsupported field label).
+	badRequest error
+	// mayBeAbsent: a get whose name the cache's scope covers, so a miss is
+	// a real 404; otherwise a miss is forwarded.
+	mayBeAbsent bool
+	// as is the shape of the answer's objects (Accept as=...).
+	as transform
+	// table and tableOpts build a custom resource's Table (as asTable).
+	table     rest.TableConvertor
+	tableOpts *metav1.TableOptions
+	// timeout is a watch-list's timeoutSeconds (0: none).
+	timeout time.Duration
+	// upstream serves a watch-list's continuation with the client's
+	// request; set by Handler.
+	upstream http.Handler
+	// snap is the list snapshot taken to check a limit, served as it is
+	// so that the answer is the one that was checked.
+	snap *listSnapshot
+}
+
+// listSnapshot is a list's objects and the RV they are consistent at.
+type listSnapshot struct {
+	objs []*Object
+	rv   uint64
+}
+
+// snapshot returns the plan's list snapshot, taking it on first use.
+func (p *plan) snapshot() ([]*Object, uint64) {
+	if p.snap == nil {
+		objs, rv := p.res.store.Snapshot(p.pred)
+		p.snap = &listSnapshot{objs: objs, rv: rv}
+	}
+	return p.snap.objs, p.snap.rv
+}
+
+// Query parameters the cache understands; any other is forwarded.
+var (
+	getParams  = map[string]bool{"resourceVersion": true}
+	listParams = map[string]bool{"labelSelector": true, "fieldSelector": true, "resourceVersion": true,
+		"resourceVersionMatch": true, "limit": true, "timeoutSeconds": true}
+)
+
+// classify decides whether the cache could answer r, before asking who
+// the caller is. It returns a plan, or the reason to forward.
+func (c *Cache) classify(r *http.Request, info *request.RequestInfo) (*plan, string) {
+	if info == nil || !info.IsResourceRequest {
+		return nil, reasonNotResource
+	}
+	if r.Method != http.MethodGet || (info.Verb != "get" && info.Verb != "list" && info.Verb != "watch") {
+		return nil, reasonVerb
+	}
+	if info.Subresource != "" {
+		return nil, reasonSubresource
+	}
+	if c.byGR[schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}] == nil {
+		return nil, reasonNotCached
+	}
+	res := c.lookup(schema.GroupVersionResource{Group: info.APIGroup, Version: info.APIVersion, Resource: info.Resource})
+	if res == nil && c.byGR[schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}].ready.Load() {
+		// Cached, but at another version: kube-apiserver converts.
+		return nil, reasonVersion
+	}
+	if res == nil || !res.store.Synced() {
+		return nil, reasonNotSynced
+	}
+	for k := range r.Header {
+		if strings.HasPrefix(k, "Impersonate-") {
+			return nil, reasonImpersonation
+		}
+	}
+	if auth := r.Header.Get("Authorization"); len(auth) < 7 || !strings.EqualFold(auth[:7], "bearer ") {
+		return nil, reasonNoToken
+	}
+	media, as, reason := negotiateShape(r, res.builtin, info.Verb)
+	if reason != "" {
+		return nil, reason
+	}
+	if reason := routeMismatch(r, info, res.namespaced); reason != "" {
+		return nil, reason
+	}
+	p := &plan{res: res, verb: info.Verb, namespace: info.Namespace, name: info.Name, media: media, as: as}
+	if !res.namespaced {
+		p.namespace = ""
+	}
+	query := r.URL.Query()
+	allowed := getParams
+	switch p.verb {
+	case "list":
+		allowed = listParams
+	case "watch":
+		allowed = watchParams
+	}
+	if reason := c.planShape(p, query); reason != "" {
+		return nil, reason
+	}
+	for k := range query {
+		switch {
+		case k == "continue":
+			return nil, reasonContinue
+		case !allowed[k] && !(p.as == asTable && k == "includeObject"):
+			return nil, reasonParameters
+		}
+	}
+	if p.verb == "get" {
+		return c.classifyGet(p, query)
+	}
+	return c.classifyList(p, query)
+}
+
+func (c *Cache) classifyGet(p *plan, query map[string][]string) (*plan, string) {
+	var opts metav1.GetOptions
+	if err := metainternalversionscheme.ParameterCodec.DecodeParameters(query, metav1.SchemeGroupVersion, &opts); err != nil {
+		return nil, reasonParameters
+	}
+	var reason string
+	if p.mode, p.minRV, reason = c.rvModeOf(opts.ResourceVersion, "", 0); reason != "" {
+		return nil, reason
+	}
+	// A miss is a 404 only where the cache holds every object of that
+	// name: the whole resource, or a scope that names exactly this object.
+	switch len(p.res.scopeTerms) {
+	case 0:
+		p.mayBeAbsent = true
+	case 1:
+		if v, ok := p.res.scopeTerms["metadata.name"]; ok && v == p.name {
+			p.mayBeAbsent = true
+		} else if ok {
+			return nil, reasonOutOfScope
+		}
+	}
+	return p, ""
+}
+
+func (c *Cache) classifyList(p *plan, query map[string][]string) (*plan, string) {
+	res := p.res
+	var opts metainternalversion.ListOptions
+	if err := metainternalversionscheme.ParameterCodec.DecodeParameters(query, metav1.SchemeGroupVersion, &opts); err != nil {
+		if len(res.scopeTerms) > 0 {
+			// Without a parsed field selector the cache cannot tell whether
+			// its scope covers the request.
+			return nil, reasonOutOfScope
+		}
+		p.badRequest = apierrors.NewBadRequest(err.Error())
+		return p, ""
+	}
+	metainternalversion.SetListOptionsDefaults(&opts, true)
+	if errs := metainternalversionvalidation.ValidateListOptions(&opts, true); len(errs) > 0 {
+		return nil, reasonInvalidOptions
+	}
+	if (opts.Watch || opts.SendInitialEvents != nil) != (p.verb == "watch") {
+		return nil, reasonParameters
+	}
+	field := opts.FieldSelector
+	if field == nil {
+		field = fields.Everything()
+	}
+	for k, v := range res.scopeTerms {
+		if got, ok := field.RequiresExactMatch(k); !ok || got != v {
+			return nil, reasonOutOfScope
+		}
+	}
+	field, err := field.Transform(res.fields.convert)
+	if err != nil {
+		p.badRequest = apierrors.NewBadRequest(err.Error())
+		return p, ""
+	}
+	label := opts.LabelSelector
+	if label == nil {
+		label = labels.Everything()
+	}
+	p.pred = Predicate{Namespace: p.namespace, Label: label, Field: field}
+	p.limit = opts.Limit
+	var reason string
+	if p.mode, p.minRV, reason = c.rvModeOf(opts.ResourceVersion, opts.ResourceVersionMatch, opts.Limit); reason != "" {
+		return nil, reason
+	}
+	if p.verb == "watch" {
+		return c.classifyWatch(p, &opts)
+	}
+	return p, ""
+}
+
+// rvModeOf maps resourceVersion and resourceVersionMatch to a mode, as
+// kube-apiserver's api-concepts define them for get and list.
+func (c *Cache) rvModeOf(rv string, match metav1.ResourceVersionMatch, limit int64) (rvMode, uint64, string) {
+	switch {
+	case match == metav1.ResourceVersionMatchExact:
+		return 0, 0, reasonExact
+	case match != "" && match != metav1.ResourceVersionMatchNotOlderThan:
+		return 0, 0, reasonInvalidOptions
+	case rv == "":
+		if c.cfg.ForwardConsistentReads {
+			return 0, 0, reasonConsistent
+		}
+		return rvConsistent, 0, ""
+	case rv == "0":
+		return rvAny, 0, ""
+	}
+	if match == "" && limit > 0 {
+		// A paginated list at an exact RV (the legacy meaning).
+		return 0, 0, reasonExact
+	}
+	n, err := ParseResourceVersion(rv)
+	if err != nil {
+		return 0, 0, reasonResourceVersion
+	}
+	return rvNotOlderThan, n, ""
+}
+
+// negotiate picks the response encoding as kube-apiserver would, and
+// forwards what the cache does not write itself: Table and other
+// transformations, YAML, pretty printing, unknown types.
+func negotiate(r *http.Request, builtin bool) (mediaType, string) {
+	accept := r.Header.Get("Accept")
+	if strings.Contains(accept, "as=") || strings.Contains(accept, "pretty") {
+		return 0, reasonMediaType
+	}
+	if strings.Contains(r.URL.RawQuery, "pretty") {
+		return 0, reasonPretty
+	}
+	if ua := r.UserAgent(); strings.HasPrefix(ua, "curl") || strings.HasPrefix(ua, "Wget") || strings.HasPrefix(ua, "Mozilla/5.0") {
+		// kube-apiserver indents JSON for these clients.
+		return 0, reasonPretty
+	}
+	supported := customMediaTypes
+	if builtin {
+		supported = builtinMediaTypes
+	}
+	opts, ok := negotiation.NegotiateMediaTypeOptions(accept, supported, negotiation.DefaultEndpointRestrictions)
+	if !ok {
+		return 0, reasonMediaType
+	}
+	switch opts.Accepted.MediaType {
+	case runtime.ContentTypeJSON:
+		return mediaJSON, ""
+	case runtime.ContentTypeProtobuf:
+		return mediaProtobuf, ""
+	}
+	return 0, reasonMediaType
+}
+
+// The media types kube-apiserver offers for built-in and for custom
+// resources (YAML is offered so that a client preferring it is forwarded
+// rather than answered in another type).
+var builtinMediaTypes, customMediaTypes = func() ([]runtime.SerializerInfo, []runtime.SerializerInfo) {
+	var builtin, custom []runtime.SerializerInfo
+	for _, info := range scheme.Codecs.SupportedMediaTypes() {
+		switch info.MediaType {
+		case runtime.ContentTypeJSON, runtime.ContentTypeYAML:
+			builtin = append(builtin, info)
+			custom = append(custom, info)
+		case runtime.ContentTypeProtobuf:
+			builtin = append(builtin, info)
+		}
+	}
+	return builtin, custom
+}()
+
+// routeMismatch returns a reason to forward a request whose path
+// kube-apiserver has no route for, although RequestInfo parses it: a
+// cluster-scoped resource under /namespaces/<ns>/ (which would also be
+// authorized in <ns>, so a namespaced Role could read cluster-scoped
+// objects), or a namespaced object by name without its namespace. The one
+// cluster-scoped object kube-apiserver does serve under a namespace path is
+// the Namespace itself, /api/v1/namespaces/<name>, which RequestInfo
+// attributes to namespace <name>.
+func routeMismatch(r *http.Request, info *request.RequestInfo, namespaced bool) string {
+	switch {
+	case !namespaced && info.Namespace != "":
+		if info.APIGroup == "" && info.Resource == "namespaces" && info.Name == info.Namespace &&
+			strings.TrimSuffix(r.URL.Path, "/") == "/api/"+info.APIVersion+"/namespaces/"+info.Name {
+			return ""
+		}
+		return reasonNoRoute
+	case namespaced && info.Namespace == "" && info.Name != "":
+		return reasonNoRoute
+	}
+	return ""
+}

@@ -1,0 +1,110 @@
+package cache
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/rest"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kube-apicache/kube-apicache/cache/access"
+)
+
+// DefaultResources is the default --cache-resources: this node's pods and
+// Node, and the cluster's services, endpointslices and namespaces.
+const DefaultResources = "pods,nodes,services,endpointslices.discovery.k8s.io,namespaces"
+
+// DefaultWaitTimeout bounds how long a read waits for the cache to reach the
+// resourceVersion it needs before it is forwarded instead.
+const DefaultWaitTimeout = time.Second
+
+// ResourceSpec names one resource to cache.
+type ResourceSpec struct {
+	Group    string
+	Resource string
+	// Version is empty for the group's preferred version.
+	Version string
+}
+
+// GroupResource returns the spec's group and resource.
+func (s ResourceSpec) GroupResource() schema.GroupResource {
+	return schema.GroupResource{Group: s.Group, Resource: s.Resource}
+}
+
+// String returns the spec in the --cache-resources syntax.
+func (s ResourceSpec) String() string {
+	out := s.Resource
+	if s.Group != "" {
+		out += "." + s.Group
+	}
+	if s.Version != "" {
+		out += "/" + s.Version
+	}
+	return out
+}
+
+// ParseResources parses a comma-separated list of RESOURCE[.GROUP][/VERSION]
+// entries, for example "pods,endpointslices.discovery.k8s.io,widgets.example.com/v1".
+// pods and nodes are always scoped to this node.
+func ParseResources(s string) ([]ResourceSpec, error) {
+	var out []ResourceSpec
+	seen := map[schema.GroupResource]bool{}
+	for _, entry := range strings.Split(s, ",") {
+		entry = strings.TrimSpace(entry)
+		if entry == "" {
+			continue
+		}
+		var spec ResourceSpec
+		gr, version, hasVersion := strings.Cut(entry, "/")
+		if hasVersion {
+			if errs := validation.IsDNS1035Label(version); len(errs) > 0 {
+				return nil, fmt.Errorf("--cache-resources entry %q: version %q is not valid", entry, version)
+			}
+			spec.Version = version
+		}
+		spec.Resource, spec.Group, _ = strings.Cut(gr, ".")
+		if errs := validation.IsDNS1123Label(spec.Resource); len(errs) > 0 || strings.ToLower(spec.Resource) != spec.Resource {
+			return nil, fmt.Errorf("--cache-resources entry %q: resource %q must be a lower-case plural resource name", entry, spec.Resource)
+		}
+		if spec.Group != "" {
+			if errs := validation.IsDNS1123Subdomain(spec.Group); len(errs) > 0 {
+				return nil, fmt.Errorf("--cache-resources entry %q: group %q is not valid", entry, spec.Group)
+			}
+		}
+		if spec.Group == "" && (spec.Resource == "pods" || spec.Resource == "nodes") && spec.Version != "" && spec.Version != "v1" {
+			return nil, fmt.Errorf("--cache-resources entry %q: core resources are served at v1 only", entry)
+		}
+		if seen[spec.GroupResource()] {
+			return nil, fmt.Errorf("--cache-resources lists %s twice", spec.GroupResource())
+		}
+		seen[spec.GroupResource()] = true
+		out = append(out, spec)
+	}
+	return out, nil
+}
+
+// Config configures a Cache.
+type Config struct {
+	// NodeName scopes pods (spec.nodeName) and nodes (metadata.name).
+	NodeName string
+	// Resources are the resources to cache.
+	Resources []ResourceSpec
+	// RESTConfig is the agent's own client configuration, used for the
+	// watches and discovery; never for client requests.
+	RESTConfig *rest.Config
+	// Reviewer decides who may read from the cache. Nil forwards every
+	// request.
+	Reviewer access.Reviewer
+	// WaitTimeout bounds waits for the cache to catch up with a requested
+	// or written resourceVersion.
+	WaitTimeout time.Duration
+	// ForwardConsistentReads forwards every read with resourceVersion=""
+	// instead of answering it after the read-your-writes barrier.
+	ForwardConsistentReads bool
+	// Registerer receives the cache's metrics; nil registers nothing.
+	Registerer prometheus.Registerer
+}

@@ -1,0 +1,323 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// resource is one cached resource: its watch, its Store and what requests
+// it can answer. One resource serves every client.
+type resource struct {
+	// Fixed at construction.
+	spec ResourceSpec
+	// scope is the field selector the watch uses; the cache holds exactly
+	// the objects it selects. Empty for the whole resource.
+	scope fields.Selector
+	// scopeTerms are scope's requirements (label → value).
+	scopeTerms map[string]string
+	// label names the resource in metrics and logs.
+	label string
+
+	// Set once, before ready is stored true, by resolve.
+	gvk        schema.GroupVersionKind
+	gvr        schema.GroupVersionResource
+	namespaced bool
+	builtin    bool
+	fields     fieldLabels
+	// selectable are a custom resource's selectable fields, as its CRD
+	// version had them when the Store was built.
+	selectable []apiextensionsv1.SelectableField
+	// crds follows CRDs (nil without custom resources); fixed at
+	// construction.
+	crds    *crdIndex
+	store   *Store
+	encoder *encoder
+	ready   atomic.Bool
+
+	// watchState is the generation of the latest watch shifted left by
+	// one, with the low bit set while that watch is open. needReplaces is
+	// the Store replace count that a watch-list's initial events reach.
+	watchState   atomic.Uint64
+	needReplaces atomic.Uint64
+
+	mu sync.Mutex // protects the fields below
+	// barrier is the highest RV a forwarded write of this resource
+	// returned; consistent reads wait for the Store to reach it.
+	barrier uint64
+	// unknownWriteUntil: a write whose RV could not be read was forwarded;
+	// consistent reads are forwarded until then.
+	unknownWriteUntil time.Time
+}
+
+func newResource(spec ResourceSpec, nodeName string) *resource {
+	r := &resource{spec: spec, label: spec.GroupResource().String(), scope: fields.Everything()}
+	if spec.Group == "" {
+		switch spec.Resource {
+		case "pods":
+			r.scope = fields.OneTermEqualSelector("spec.nodeName", nodeName)
+		case "nodes":
+			r.scope = fields.OneTermEqualSelector("metadata.name", nodeName)
+		}
+	}
+	r.scopeTerms = map[string]string{}
+	for _, req := range r.scope.Requirements() {
+		r.scopeTerms[req.Field] = req.Value
+	}
+	return r
+}
+
+// healthy reports whether the Store is synced and its watch open: the
+// condition for answering consistent reads.
+func (r *resource) healthy() bool {
+	return r.ready.Load() && r.store.Synced() && r.watchState.Load()&1 == 1 && r.store.Replaces() >= r.needReplaces.Load()
+}
+
+// noteWrite records a forwarded write's RV for the read-your-writes barrier.
+func (r *resource) noteWrite(rv uint64, known bool, until time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !known {
+		if until.After(r.unknownWriteUntil) {
+			r.unknownWriteUntil = until
+		}
+		return
+	}
+	if rv > r.barrier {
+		r.barrier = rv
+	}
+}
+
+// barrierState returns the RV consistent reads must wait for and whether a
+// write of unknown RV is recent.
+func (r *resource) barrierState(now time.Time) (uint64, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.barrier, now.Before(r.unknownWriteUntil)
+}
+
+// resolve finds the resource's version, kind and scope with discovery.
+func (r *resource) resolve(dc discovery.DiscoveryInterface) error {
+	version := r.spec.Version
+	if version == "" {
+		groups, err := dc.ServerGroups()
+		if err != nil {
+			return fmt.Errorf("discovering API groups: %w", err)
+		}
+		for _, g := range groups.Groups {
+			if g.Name == r.spec.Group {
+				version = g.PreferredVersion.Version
+			}
+		}
+		if version == "" {
+			return fmt.Errorf("API group %q is not served", r.spec.Group)
+		}
+	}
+	gv := schema.GroupVersion{Group: r.spec.Group, Version: version}
+	list, err := dc.ServerResourcesForGroupVersion(gv.String())
+	if err != nil {
+		return fmt.Errorf("discovering %s: %w", gv, err)
+	}
+	for _, ar := range list.APIResources {
+		if ar.Name != r.spec.Resource {
+			continue
+		}
+		if !hasVerbs(ar.Verbs, "get", "list", "watch") {
+			return fmt.Errorf("%s %s does not support get, list and watch", gv, ar.Name)
+		}
+		r.gvr = gv.WithResource(ar.Name)
+		r.gvk = gv.WithKind(ar.Kind)
+		r.namespaced = ar.Namespaced
+		r.builtin = scheme.Scheme.Recognizes(r.gvk)
+		r.fields = fieldLabelsFor(r.gvr.GroupResource(), r.builtin, r.namespaced)
+		if !r.builtin {
+			return r.resolveCRD()
+		}
+		return nil
+	}
+	return fmt.Errorf("%s does not serve %s", gv, r.spec.Resource)
+}
+
+func hasVerbs(have metav1.Verbs, want ...string) bool {
+	for _, w := range want {
+		found := false
+		for _, h := range have {
+			if h == w {
+				found = true
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// listerWatcher returns the watch source: protobuf through a typed REST
+// client for built-in types, JSON through the dynamic client otherwise.
+func (r *resource) listerWatcher(cfg *rest.Config) (toolscache.ListerWatcher, runtime.Object, error) {
+	scope := r.scope.String()
+	if r.builtin {
+		c := rest.CopyConfig(cfg)
+		gv := r.gvr.GroupVersion()
+		c.GroupVersion = &gv
+		c.APIPath = "/apis"
+		if gv.Group == "" {
+			c.APIPath = "/api"
+		}
+		c.NegotiatedSerializer = scheme.Codecs.WithoutConversion()
+		c.ContentType = runtime.ContentTypeProtobuf
+		c.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+		rc, err := rest.RESTClientFor(c)
+		if err != nil {
+			return nil, nil, err
+		}
+		obj, err := scheme.Scheme.New(r.gvk)
+		if err != nil {
+			return nil, nil, err
+		}
+		return toolscache.NewListWatchFromClient(rc, r.gvr.Resource, metav1.NamespaceAll, r.scope), obj, nil
+	}
+	dc, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	ri := dc.Resource(r.gvr)
+	return &toolscache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+			opts.FieldSelector = scope
+			return ri.List(ctx, opts)
+		},
+		WatchFuncWithContext: func(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+			opts.FieldSelector = scope
+			return ri.Watch(ctx, opts)
+		},
+	}, &unstructured.Unstructured{}, nil
+}
+
+// run resolves the resource (retrying until it is served) and keeps its
+// Store filled until ctx ends.
+func (r *resource) run(ctx context.Context, cfg *rest.Config, dc discovery.DiscoveryInterface, onChange func()) {
+	// Resolved fields are written before ready is set and read only after.
+	logger := klog.FromContext(ctx).WithValues("resource", r.label)
+	err := wait.PollUntilContextCancel(ctx, 5*time.Second, true, func(ctx context.Context) (bool, error) {
+		if err := r.resolve(dc); err != nil {
+			logger.V(2).Info("Resource not cached yet", "err", err)
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return
+	}
+	lw, expected, err := r.listerWatcher(cfg)
+	if err != nil {
+		logger.Error(err, "Cannot watch resource; its requests are forwarded")
+		return
+	}
+	r.store = NewStore(attrsFor(r.fields, r.namespaced), r.prepare, onChange)
+	r.encoder = newEncoder(r.gvk, r.builtin)
+	r.ready.Store(true)
+	logger.V(2).Info("Caching resource", "gvr", r.gvr, "scope", r.scope.String())
+	refl := toolscache.NewReflectorWithOptions(&healthListerWatcher{lw: toolscache.ToListerWatcherWithContext(lw), r: r},
+		expected, r.store, toolscache.ReflectorOptions{Name: "cache/" + r.label, TypeDescription: r.gvk.String()})
+	refl.RunWithContext(ctx)
+}
+
+// prepare sets apiVersion and kind on typed objects, which decoding
+// strips, so that encoding needs no conversion and never mutates a shared
+// object.
+func (r *resource) prepare(obj runtime.Object) runtime.Object {
+	if _, ok := obj.(*unstructured.Unstructured); !ok {
+		obj.GetObjectKind().SetGroupVersionKind(r.gvk)
+	}
+	return obj
+}
+
+// healthListerWatcher tracks whether a watch is open and past its initial
+// events: a plain watch counts from when it opens, a watch-list once the
+// reflector has replaced the Store with its initial events; any watch counts
+// no more once it ends.
+type healthListerWatcher struct {
+	lw toolscache.ListerWatcherWithContext
+	r  *resource
+}
+
+func (h *healthListerWatcher) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+	return h.lw.ListWithContext(ctx, opts)
+}
+
+// List and Watch complete cache.ListerWatcher; the reflector calls the
+// context variants.
+func (h *healthListerWatcher) List(opts metav1.ListOptions) (runtime.Object, error) {
+	return h.ListWithContext(context.Background(), opts)
+}
+
+func (h *healthListerWatcher) Watch(opts metav1.ListOptions) (watch.Interface, error) {
+	return h.WatchWithContext(context.Background(), opts)
+}
+
+func (h *healthListerWatcher) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	gen := h.r.watchState.Load()>>1 + 1
+	h.r.watchState.Store(gen << 1)
+	w, err := h.lw.WatchWithContext(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	if opts.SendInitialEvents != nil && *opts.SendInitialEvents {
+		h.r.needReplaces.Store(h.r.store.Replaces() + 1)
+	}
+	h.r.watchState.Store(gen<<1 | 1)
+	hw := &healthWatch{inner: w, out: make(chan watch.Event), done: make(chan struct{})}
+	go hw.relay(&h.r.watchState, gen)
+	return hw, nil
+}
+
+type healthWatch struct {
+	inner    watch.Interface
+	out      chan watch.Event
+	done     chan struct{}
+	stopOnce sync.Once
+}
+
+// relay passes events on and marks the watch closed (unless a newer one
+// has opened) on an error event or when the watch ends.
+func (w *healthWatch) relay(state *atomic.Uint64, gen uint64) {
+	closed := func() { state.CompareAndSwap(gen<<1|1, gen<<1) }
+	defer close(w.out)
+	defer closed()
+	for ev := range w.inner.ResultChan() {
+		if ev.Type == watch.Error {
+			closed()
+		}
+		select {
+		case w.out <- ev:
+		case <-w.done:
+			return
+		}
+	}
+}
+
+func (w *healthWatch) Stop() {
+	w.stopOnce.Do(func() { close(w.done) })
+	w.inner.Stop()
+}
+
+func (w *healthWatch) ResultChan() <-chan watch.Event { return w.out }

@@ -1,0 +1,124 @@
+package cache
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/rest"
+
+	"github.com/kube-apicache/kube-apicache/cache/access"
+)
+
+// TestHandlerRoutes: paths that RequestInfo parses but kube-apiserver has no
+// route for are forwarded, never answered from a cluster-scoped store. In
+// particular a cluster-scoped resource under /namespaces/<ns>/ would be
+// authorized in <ns>, so a namespaced Role must not open the whole store.
+func TestHandlerRoutes(t *testing.T) {
+	reviewer := &stubReviewer{result: access.Result{Verdict: access.Allowed}}
+	c, err := New(Config{NodeName: "node-a", RESTConfig: &rest.Config{}, Reviewer: reviewer, WaitTimeout: 100 * time.Millisecond,
+		Resources: []ResourceSpec{{Resource: "namespaces"}, {Resource: "services"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]string{"namespaces": "Namespace", "services": "Service"}
+	for _, r := range c.resources {
+		gvr := corev1.SchemeGroupVersion.WithResource(r.spec.Resource)
+		namespaced := r.spec.Resource != "namespaces"
+		r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind(kinds[r.spec.Resource]), namespaced, true
+		r.fields = fieldLabelsFor(gvr.GroupResource(), true, namespaced)
+		r.store = NewStore(attrsFor(r.fields, namespaced), r.prepare, nil)
+		r.encoder = newEncoder(r.gvk, true)
+		r.ready.Store(true)
+		r.watchState.Store(1<<1 | 1)
+	}
+	nsRes := c.byGR[schema.GroupResource{Resource: "namespaces"}]
+	if err := nsRes.store.Replace([]any{
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tenant-a", ResourceVersion: "3"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tenant-b", ResourceVersion: "4"}},
+	}, "10"); err != nil {
+		t.Fatal(err)
+	}
+	svcRes := c.byGR[schema.GroupResource{Resource: "services"}]
+	if err := svcRes.store.Replace([]any{&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a", Name: "s1", ResourceVersion: "5"}}}, "10"); err != nil {
+		t.Fatal(err)
+	}
+	tc := &handlerCache{Cache: c, reviewer: reviewer}
+	tc.handler = c.Handler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(299) }),
+		func(h http.Handler) http.Handler { return h })
+
+	cases := []struct {
+		path     string
+		answered bool
+	}{
+		// Routes kube-apiserver serves.
+		{"/api/v1/namespaces/tenant-a", true},
+		{"/api/v1/namespaces/tenant-a/", true},
+		{"/api/v1/namespaces", true},
+		{"/api/v1/namespaces/tenant-a/services/s1", true},
+		{"/api/v1/services", true},
+		// Cluster-scoped resource under a namespace: no such route.
+		{"/api/v1/namespaces/tenant-a/namespaces", false},
+		{"/api/v1/namespaces/tenant-a/namespaces/tenant-b", false},
+		{"/api/v1/namespaces/tenant-a/namespaces/tenant-a", false},
+		// Namespaced object by name without its namespace: no such route.
+		{"/api/v1/services/s1", false},
+	}
+	for _, tt := range cases {
+		t.Run(tt.path, func(t *testing.T) {
+			got := tc.get(t, tt.path)
+			if tt.answered && got.code != http.StatusOK {
+				t.Fatalf("got %d %s, want an answer from the cache", got.code, got.body)
+			}
+			if !tt.answered && !got.forwarded() {
+				t.Fatalf("got %d %s, want forwarded", got.code, got.body)
+			}
+		})
+	}
+}
+
+// TestObserveWriteBarrier: which forwarded writes hold consistent reads back,
+// and how.
+func TestObserveWriteBarrier(t *testing.T) {
+	podOn := func(node, rv string) string {
+		return `{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns","resourceVersion":"` + rv +
+			`"},"spec":{"nodeName":"` + node + `"}}`
+	}
+	cases := []struct {
+		name        string
+		method      string
+		path        string
+		code        int
+		body        string
+		wantRV      uint64
+		wantUnknown bool
+	}{
+		{name: "a pod on this node", method: "POST", path: "/api/v1/namespaces/ns/pods", code: 201,
+			body: podOn("node-a", "50"), wantRV: 50},
+		{name: "a pod on another node cannot change a cached answer", method: "POST", path: "/api/v1/namespaces/ns/pods", code: 201,
+			body: podOn("node-b", "51")},
+		{name: "deletecollection answers with the list before the deletions", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"40"},"items":[]}`, wantUnknown: true},
+		{name: "a 5xx may follow a committed write", method: "POST", path: "/api/v1/namespaces/ns/pods", code: 504,
+			body: `{"kind":"Status","apiVersion":"v1","status":"Failure","code":504}`, wantUnknown: true},
+		{name: "a refused write changes nothing", method: "POST", path: "/api/v1/namespaces/ns/pods", code: 409,
+			body: `{"kind":"Status","apiVersion":"v1","status":"Failure","code":409}`},
+		{name: "a dry run changes nothing", method: "POST", path: "/api/v1/namespaces/ns/pods?dryRun=All", code: 201,
+			body: podOn("node-a", "")},
+	}
+	for _, tt := range cases {
+		t.Run(tt.name, func(t *testing.T) {
+			tc := newHandlerCache(t)
+			resp := forwardedWrite(t, tt.path, tt.method, tt.body)
+			resp.StatusCode = tt.code
+			tc.ObserveWrite(resp)
+			rv, unknown := tc.pods.barrierState(time.Now())
+			if rv != tt.wantRV || unknown != tt.wantUnknown {
+				t.Errorf("barrier (rv %d, unknown write %v), want (%d, %v)", rv, unknown, tt.wantRV, tt.wantUnknown)
+			}
+		})
+	}
+}

@@ -1,0 +1,172 @@
+package cache
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1beta1 "k8s.io/apimachinery/pkg/apis/meta/v1beta1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
+	"k8s.io/client-go/kubernetes/scheme"
+)
+
+// transform is the shape a response's objects take, as requested with the
+// Accept header's as=, g= and v= parameters.
+type transform int
+
+const (
+	// asObject: the objects themselves.
+	asObject transform = iota
+	// asMetadata: PartialObjectMetadata (a get or watch) or
+	// PartialObjectMetadataList (a list), meta.k8s.io/v1.
+	asMetadata
+	// asTable: a meta.k8s.io/v1 Table (custom resources only).
+	asTable
+)
+
+// Reasons a transformed request is forwarded.
+const (
+	reasonTableBuiltin = "table-builtin"
+	reasonTransform    = "transform"
+)
+
+// transformMediaTypes are the media types kube-apiserver offers once a
+// client asks for a transformation: JSON, YAML and protobuf for every
+// resource, custom resources included (YAML is listed so a client that
+// prefers it is forwarded, not answered in another type).
+var transformMediaTypes = func() []runtime.SerializerInfo {
+	var out []runtime.SerializerInfo
+	for _, info := range scheme.Codecs.SupportedMediaTypes() {
+		switch info.MediaType {
+		case runtime.ContentTypeJSON, runtime.ContentTypeYAML, runtime.ContentTypeProtobuf:
+			out = append(out, info)
+		}
+	}
+	return out
+}()
+
+// restrictions are kube-apiserver's endpoint restrictions for resource
+// handlers (RequestScope): without a transformation a custom resource is
+// served as JSON or YAML only; Table is JSON or YAML; PartialObjectMetadata
+// and its list any media type; the meta.k8s.io versions are v1 and v1beta1.
+type restrictions struct{ builtin bool }
+
+func (e restrictions) AllowsMediaTypeTransform(mimeType, mimeSubType string, target *schema.GroupVersionKind) bool {
+	if target == nil {
+		return e.builtin || (mimeType == "application" && (mimeSubType == "json" || mimeSubType == "yaml"))
+	}
+	if target.GroupVersion() != metav1.SchemeGroupVersion && target.GroupVersion() != metav1beta1.SchemeGroupVersion {
+		return false
+	}
+	switch target.Kind {
+	case "Table":
+		return mimeType == "application" && (mimeSubType == "json" || mimeSubType == "yaml")
+	case "PartialObjectMetadata", "PartialObjectMetadataList":
+		return true
+	}
+	return false
+}
+
+func (restrictions) AllowsServerVersion(version string) bool { return version == "v1" }
+func (restrictions) AllowsStreamSchema(s string) bool        { return s == "watch" }
+
+// negotiateTransform negotiates an Accept header that asks for a
+// transformation (as=...), as kube-apiserver does, and returns the wire
+// encoding and shape the cache will write, or the reason to forward. Only
+// the meta.k8s.io/v1 forms the cache builds exactly as kube-apiserver does
+// are answered: PartialObjectMetadata for get and watch,
+// PartialObjectMetadataList for list, and Table for custom resources (get
+// and list) in JSON. Everything else, including the v1beta1 forms and the
+// mismatched ones kube-apiserver rejects, is forwarded.
+func negotiateTransform(r *http.Request, builtin bool, verb string) (mediaType, transform, string) {
+	opts, ok := negotiation.NegotiateMediaTypeOptions(r.Header.Get("Accept"), transformMediaTypes, restrictions{builtin: builtin})
+	if !ok || opts.Pretty || len(opts.Unrecognized) > 0 || opts.UseServerVersion != "" {
+		return 0, 0, reasonMediaType
+	}
+	var media mediaType
+	switch opts.Accepted.MediaType {
+	case runtime.ContentTypeJSON:
+		media = mediaJSON
+	case runtime.ContentTypeProtobuf:
+		media = mediaProtobuf
+	default:
+		return 0, 0, reasonMediaType
+	}
+	target := opts.Convert
+	if target == nil {
+		if !builtin && media != mediaJSON {
+			return 0, 0, reasonMediaType
+		}
+		return media, asObject, ""
+	}
+	if target.GroupVersion() != metav1.SchemeGroupVersion {
+		return 0, 0, reasonTransform
+	}
+	switch {
+	case target.Kind == "PartialObjectMetadata" && (verb == "get" || verb == "watch"),
+		target.Kind == "PartialObjectMetadataList" && verb == "list":
+		return media, asMetadata, ""
+	case target.Kind == "Table" && (verb == "get" || verb == "list"):
+		if builtin {
+			// kube-apiserver's printers for built-in types are not a
+			// library the cache can use; a NAME/AGE table would be wrong.
+			return 0, 0, reasonTableBuiltin
+		}
+		if media != mediaJSON {
+			return 0, 0, reasonMediaType
+		}
+		return media, asTable, ""
+	}
+	return 0, 0, reasonTransform
+}
+
+// wantsTransform reports whether the Accept header asks for a
+// transformation.
+func wantsTransform(r *http.Request) bool {
+	return strings.Contains(r.Header.Get("Accept"), "as=")
+}
+
+// negotiateShape negotiates the response's encoding and shape: a plain
+// Accept header as negotiate does, one asking for a transformation as
+// negotiateTransform does (after the same checks for pretty output, which
+// the cache never writes).
+func negotiateShape(r *http.Request, builtin bool, verb string) (mediaType, transform, string) {
+	if !wantsTransform(r) {
+		m, reason := negotiate(r, builtin)
+		return m, asObject, reason
+	}
+	if strings.Contains(r.Header.Get("Accept"), "pretty") {
+		return 0, 0, reasonMediaType
+	}
+	if strings.Contains(r.URL.RawQuery, "pretty") {
+		return 0, 0, reasonPretty
+	}
+	if ua := r.UserAgent(); strings.HasPrefix(ua, "curl") || strings.HasPrefix(ua, "Wget") || strings.HasPrefix(ua, "Mozilla/5.0") {
+		return 0, 0, reasonPretty
+	}
+	return negotiateTransform(r, builtin, verb)
+}
+
+// planShape completes a transformed plan: a Table needs the CRD version's
+// columns and the request's TableOptions.
+func (c *Cache) planShape(p *plan, query url.Values) string {
+	if p.as != asTable {
+		return ""
+	}
+	var v *crdVersion
+	if c.crds != nil {
+		v = c.crds.version(p.res.gvr)
+	}
+	if v == nil {
+		return reasonNotCached
+	}
+	opts, ok := tableOptions(query)
+	if !ok {
+		return reasonParameters
+	}
+	p.table, p.tableOpts = v.table, opts
+	return ""
+}

@@ -1,0 +1,346 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
+)
+
+const benchNS = "bench"
+
+type bench struct {
+	o      options
+	c      *sandbox.Cluster
+	client *sandbox.Pod
+	agent  *sandbox.Agent
+	// firstNodePod is a pod on the agent's node, for the get case.
+	firstNodePod string
+	// podclient is the in-pod client program, for the storm case.
+	podclient string
+}
+
+// result is one case measured along one path.
+type result struct {
+	p50, p99    time.Duration
+	errors      int
+	apiserverS  float64 // kube-apiserver CPU-seconds
+	agentS      float64 // agent CPU-seconds
+	upstream    int     // requests kube-apiserver received from the client or the agent
+	requests    int
+	upstreamDet string
+}
+
+type benchCase struct {
+	name string
+	path string
+}
+
+func (b *bench) run(ctx context.Context, agentBin string) error {
+	c := b.c
+	// Given a client pod allowed to read pods and services cluster-wide,
+	var err error
+	if b.client, err = c.NewPod(ctx, sandbox.PodSpec{Name: "bench-client", Namespace: benchNS, ServiceAccount: "bench-client"}); err != nil {
+		return err
+	}
+	// The client pod may get and list pods and services everywhere.
+	if err := b.grantPodsAndServices(ctx, "bench-reader", "get", "list"); err != nil {
+		return err
+	}
+	// and the agent, its cache synced,
+	pod, certFile, keyFile, err := c.NewAgentPod(ctx, "kube-apicache-bench")
+	if err != nil {
+		return err
+	}
+	logf("starting the agent")
+	if b.agent, err = c.StartAgent(ctx, pod, agentBin, c.AgentArgs(certFile, keyFile)...); err != nil {
+		return err
+	}
+	defer b.agent.Process.Stop(40 * time.Second)
+	if err := b.waitCached(ctx, "pods", -1); err != nil {
+		return err
+	}
+	existing, err := b.podsOnNode(ctx)
+	if err != nil {
+		return err
+	}
+	heapBefore, err := b.agentHeap(ctx)
+	if err != nil {
+		return err
+	}
+
+	// when the cluster holds the pods and services,
+	onNode := b.o.nodePods - existing
+	if onNode < 0 {
+		onNode = 0
+	}
+	start := time.Now()
+	if err := b.createPods(ctx, onNode, b.o.pods-existing-onNode); err != nil {
+		return err
+	}
+	logf("created %d pods (%d on %s) in %v", b.o.pods-existing, onNode, sandbox.NodeName, time.Since(start).Round(time.Millisecond))
+	if err := b.waitCached(ctx, "pods", b.o.nodePods); err != nil {
+		return err
+	}
+	heapAfter, err := b.agentHeap(ctx)
+	if err != nil {
+		return err
+	}
+	start = time.Now()
+	if err := b.createServices(ctx, b.o.services); err != nil {
+		return err
+	}
+	logf("created %d services in %v", b.o.services, time.Since(start).Round(time.Millisecond))
+	if err := b.waitCached(ctx, "services", b.o.services); err != nil {
+		return err
+	}
+
+	// then measure every case along both paths,
+	nodeSel := "fieldSelector=" + url.QueryEscape("spec.nodeName="+sandbox.NodeName)
+	cases := []benchCase{
+		{"list node pods, RV=0", "/api/v1/pods?" + nodeSel + "&resourceVersion=0"},
+		{"list node pods, RV=\"\"", "/api/v1/pods?" + nodeSel},
+		{"get pod, RV=0", "/api/v1/namespaces/" + benchNS + "/pods/" + b.firstNodePod + "?resourceVersion=0"},
+		{"get pod, RV=\"\"", "/api/v1/namespaces/" + benchNS + "/pods/" + b.firstNodePod},
+		{"list services, RV=0", "/api/v1/services?resourceVersion=0"},
+		{"list services, RV=\"\"", "/api/v1/services"},
+	}
+	m, err := newMeasurer(b)
+	if err != nil {
+		return err
+	}
+	type row struct {
+		c             benchCase
+		agent, direct result
+	}
+	var rows []row
+	measureStart := time.Now()
+	for _, bc := range cases {
+		agentRes, err := m.measure(ctx, bc, true)
+		if err != nil {
+			return err
+		}
+		directRes, err := m.measure(ctx, bc, false)
+		if err != nil {
+			return err
+		}
+		logf("%s: agent p50 %v, direct p50 %v", bc.name, agentRes.p50, directRes.p50)
+		rows = append(rows, row{bc, agentRes, directRes})
+	}
+
+	// Over the whole run (warm-ups, every case, longer than the decision
+	// TTL), how many reviews the agent sent per decision it needed.
+	text, err := b.agent.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	var reviews, reads float64
+	for k, v := range scrape(text, "kube_apicache_access_reviews_total", "kube_apicache_access_lookups_total") {
+		switch {
+		case strings.HasPrefix(k, "kube_apicache_access_reviews_total"):
+			reviews += v
+		case k == `kube_apicache_access_lookups_total{review="token"}`:
+			reads += v // one token lookup per reviewed request
+		}
+	}
+	reviewSummary := fmt.Sprintf("agent's TokenReviews+SubjectAccessReviews over the whole run (%v, warm-ups included): %.0f for %.0f reviewed reads, %.2f per 1,000 reads",
+		time.Since(measureStart).Round(time.Second), reviews, reads, perK(reviews, int(reads)))
+
+	// and the heap per pod of the agent's cache and of a typed informer.
+	// and an informer start-up storm along both paths,
+	var stormAgent, stormDirect stormResult
+	if b.o.storm > 0 {
+		logf("starting %d informer processes at once, through the agent and direct", b.o.storm)
+		if stormAgent, stormDirect, err = b.storm(ctx, m, b.o.storm); err != nil {
+			return err
+		}
+	}
+
+	heap, err := measureHeap(ctx, b)
+	if err != nil {
+		return err
+	}
+	agentPerPod := 0.0
+	if onNode > 0 {
+		agentPerPod = float64(int64(heapAfter)-int64(heapBefore)) / float64(onNode)
+	}
+
+	out := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(os.Stdout, "\nkube-apicache bench: %d pods (%d on %s), %d services; %d requests per case and path, %d in flight, Accept %q\n\n",
+		b.o.pods, b.o.nodePods, sandbox.NodeName, b.o.services, b.o.requests, b.o.inflight, b.o.accept)
+	fmt.Fprintln(out, "case\tp50 agent\tp50 direct\tp50 ratio\tp99 agent\tp99 direct\tp99 ratio\tapiserver CPU-s/1k agent\tdirect\tagent CPU-s/1k\tupstream/1k agent\tdirect\terrors\t")
+	for _, r := range rows {
+		fmt.Fprintf(out, "%s\t%v\t%v\t%.3f\t%v\t%v\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%d/%d\t\n", r.c.name,
+			r.agent.p50, r.direct.p50, ratio(r.agent.p50, r.direct.p50),
+			r.agent.p99, r.direct.p99, ratio(r.agent.p99, r.direct.p99),
+			perK(r.agent.apiserverS, r.agent.requests), perK(r.direct.apiserverS, r.direct.requests),
+			perK(r.agent.agentS, r.agent.requests),
+			perK(float64(r.agent.upstream), r.agent.requests), perK(float64(r.direct.upstream), r.direct.requests),
+			r.agent.errors, r.direct.errors)
+	}
+	_ = out.Flush()
+	fmt.Println()
+	for _, r := range rows {
+		if r.agent.upstreamDet != "" {
+			fmt.Printf("upstream requests during %q through the agent: %s\n", r.c.name, r.agent.upstreamDet)
+		}
+	}
+	fmt.Println(reviewSummary)
+	fmt.Println()
+	out = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(out, "heap per cached pod\tbytes\tpods\thow\t")
+	fmt.Fprintf(out, "agent cache (in-process, %d copies)\t%.0f\t%d\tHeapAlloc after GC, before/after sync\t\n", b.o.copies, heap.cachePerPod, heap.pods)
+	fmt.Fprintf(out, "typed informer (in-process, %d copies)\t%.0f\t%d\tHeapAlloc after GC, before/after sync\t\n", b.o.copies, heap.informerPerPod, heap.pods)
+	fmt.Fprintf(out, "agent process\t%.0f\t%d\tgo_memstats_heap_inuse_bytes delta (includes garbage)\t\n", agentPerPod, onNode)
+	_ = out.Flush()
+	fmt.Printf("\nheap ratio agent cache/typed informer: %.3f\n", heap.cachePerPod/heap.informerPerPod)
+	if b.o.storm > 0 {
+		printStorm(b.o.storm, stormAgent, stormDirect)
+	}
+	return nil
+}
+
+func ratio(a, b time.Duration) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func perK(v float64, n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	return v * 1000 / float64(n)
+}
+
+// grantPodsAndServices binds the ClusterRole name, which allows verbs on
+// pods and services in every namespace, to the client pod's ServiceAccount
+// (objects that already exist are kept), and waits until RBAC allows the
+// last of verbs on pods.
+func (b *bench) grantPodsAndServices(ctx context.Context, name string, verbs ...string) error {
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods", "services"}, Verbs: verbs}},
+	}
+	if _, err := b.c.Admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: b.client.Spec.ServiceAccount, Namespace: benchNS}},
+	}
+	if _, err := b.c.Admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	return b.client.WaitAllowed(ctx, verbs[len(verbs)-1], "pods")
+}
+
+// podsOnNode counts the pods already bound to the agent's node (the
+// sandbox's own: the agent and the client).
+func (b *bench) podsOnNode(ctx context.Context) (int, error) {
+	list, err := b.c.Admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + sandbox.NodeName})
+	if err != nil {
+		return 0, err
+	}
+	return len(list.Items), nil
+}
+
+// waitCached waits until the agent reports resource synced with at least
+// want objects (any number if want < 0).
+func (b *bench) waitCached(ctx context.Context, resource string, want int) error {
+	var last map[string]float64
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
+		text, err := b.agent.Metrics(ctx)
+		if err != nil {
+			return false, nil
+		}
+		last = scrape(text, "kube_apicache_cache_synced", "kube_apicache_cache_objects")
+		return last[`kube_apicache_cache_synced{resource="`+resource+`"}`] == 1 &&
+			(want < 0 || last[`kube_apicache_cache_objects{resource="`+resource+`"}`] >= float64(want)), nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the agent to cache %s (%d): %w (last: %v)", resource, want, err, last)
+	}
+	return nil
+}
+
+// agentHeap reads the agent's in-use heap, the least of a few samples (the
+// figure includes garbage not yet collected).
+func (b *bench) agentHeap(ctx context.Context) (uint64, error) {
+	var least uint64
+	for i := range 5 {
+		text, err := b.agent.Metrics(ctx)
+		if err != nil {
+			return 0, err
+		}
+		v := uint64(scrape(text, "go_memstats_heap_inuse_bytes")["go_memstats_heap_inuse_bytes"])
+		if i == 0 || v < least {
+			least = v
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+	return least, nil
+}
+
+// scrape returns the samples of the named metric families from Prometheus
+// text, keyed by the sample's name and labels as written.
+func scrape(text string, names ...string) map[string]float64 {
+	out := map[string]float64{}
+	for _, line := range strings.Split(text, "\n") {
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		for _, n := range names {
+			if !strings.HasPrefix(line, n) {
+				continue
+			}
+			key, val, ok := strings.Cut(line, " ")
+			if !ok {
+				continue
+			}
+			var f float64
+			if _, err := fmt.Sscan(val, &f); err == nil {
+				out[key] = f
+			}
+		}
+	}
+	return out
+}
+
+// benchPod is a pod object as a controller would create it: labels, one
+// container with ports, resources and environment. It tolerates every taint
+// so nothing evicts it from its (agent-less) node.
+func benchPod(name, node string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:   name,
+			Labels: map[string]string{"app": "bench", "shard": name[len(name)-1:], "app.kubernetes.io/part-of": "kube-apicache-bench"},
+		},
+		Spec: corev1.PodSpec{
+			NodeName:    node,
+			Tolerations: []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
+			Containers: []corev1.Container{{
+				Name:  "main",
+				Image: "registry.invalid/bench/app:1.0",
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}},
+				Env:   []corev1.EnvVar{{Name: "MODE", Value: "bench"}},
+				Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+					corev1.ResourceCPU: resourceQuantity("10m"), corev1.ResourceMemory: resourceQuantity("16Mi"),
+				}},
+			}},
+		},
+	}
+}

@@ -1,0 +1,105 @@
+// Command bench measures cached reads through kube-apicache against the
+// same reads sent straight to kube-apiserver, in one sandbox run (make
+// bench). It starts the sandbox and the agent, fills the cluster (pods, most
+// of them on other nodes, and services), then, from a sandbox pod with its
+// own token, sends the same requests through the Service VIP (the agent) and
+// to the apiserver endpoint directly, and prints side by side:
+//
+//   - p50 and p99 latency and their ratio (agent/direct);
+//   - kube-apiserver CPU-seconds per 1,000 requests;
+//   - upstream requests per 1,000 client requests (kube-apiserver's audit
+//     log: every request of the client or of the agent);
+//   - heap per cached pod: the agent's cache against a plain client-go typed
+//     informer over the same pods.
+//
+// It asserts nothing: it prints what it measured.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
+)
+
+type options struct {
+	binDir    string
+	pods      int
+	nodePods  int
+	otherNode int
+	services  int
+	requests  int
+	inflight  int
+	warmup    int
+	copies    int
+	accept    string
+	// storm is how many informer processes start at once in the storm case.
+	storm int
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.binDir, "bin-dir", sandbox.DefaultBinDir(), "directory holding etcd, kube-apiserver and kube-controller-manager")
+	flag.IntVar(&o.pods, "pods", 5000, "pods in the cluster")
+	flag.IntVar(&o.nodePods, "node-pods", 110, "of those, pods on the agent's node")
+	flag.IntVar(&o.otherNode, "other-nodes", 50, "nodes the remaining pods are spread over")
+	flag.IntVar(&o.services, "services", 1000, "services in the cluster")
+	flag.IntVar(&o.requests, "requests", 1000, "measured requests per case and path")
+	flag.IntVar(&o.inflight, "inflight", 4, "requests in flight per case")
+	flag.IntVar(&o.warmup, "warmup", 20, "unmeasured requests before each case")
+	flag.IntVar(&o.copies, "heap-copies", 5, "independent caches built to measure heap per pod (more is steadier)")
+	flag.StringVar(&o.accept, "accept", "application/vnd.kubernetes.protobuf, application/json", "Accept header of the measured requests")
+	flag.IntVar(&o.storm, "storm-informers", 50, "informer processes started at once in the start-up storm case (0 skips it)")
+	flag.Parse()
+	if o.nodePods > o.pods || o.requests <= 0 || o.inflight <= 0 || o.otherNode <= 0 || o.copies <= 0 {
+		fmt.Fprintln(os.Stderr, "bench: need 0 < node-pods <= pods, and positive requests, inflight, other-nodes and heap-copies")
+		os.Exit(2)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s bench: "+format+"\n", append([]any{time.Now().Format("15:04:05")}, args...)...)
+}
+
+func run(ctx context.Context, o options) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root for the sandbox's network namespaces")
+	}
+	tmp, err := os.MkdirTemp("", "kube-apicache-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	logf("building the agent")
+	bins, err := sandbox.BuildBinaries(tmp)
+	if err != nil {
+		return err
+	}
+	startCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	logf("starting the sandbox")
+	c, err := sandbox.Start(startCtx, sandbox.Options{BinDir: o.binDir, APIServers: 1, Logf: logf})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := c.Stop(); err != nil {
+			logf("teardown: %v", err)
+		}
+	}()
+
+	b := &bench{o: o, c: c, podclient: bins.PodClient}
+	return b.run(ctx, bins.Agent)
+}
