@@ -2,22 +2,31 @@ package agent
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 
 	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
-// redirectChain is the agent's policy: what its nat chain holds and where it
-// is jumped from.
+// redirectChain is the agent's policy for one IP family: what its nat chain
+// holds and where it is jumped from. vips are the family's Service VIPs, set
+// the family's liveness set and to the local address they are sent to.
 //
 // PREROUTING catches pod traffic and OUTPUT host-network traffic; both jump
 // here as their first rule, ahead of kube-proxy's KUBE-SERVICES, so the
-// redirect wins over kube-proxy's own DNAT (iptables and IPVS modes alike:
-// IPVS only sees packets after nat PREROUTING/OUTPUT).
+// redirect wins over kube-proxy's own DNAT. In kube-proxy's IPVS mode the
+// same holds: IPVS takes packets only after nat PREROUTING/OUTPUT, where
+// ours is already rewritten to the local address, which IPVS does not
+// balance.
 //
-// Packets carrying the agent's socket mark return at once: the agent's own
-// upstream connections can never be redirected back to itself.
-func redirectChain(c *Config) netrules.Chain {
+// Packets carrying the agent's socket mark return at once (the first rule):
+// the agent's own upstream connections can never be redirected back to
+// itself, even if an upstream pointed at the VIP.
+//
+// A VIP is redirected only while the liveness set holds it. The agent
+// refreshes the entry while it is healthy; if it dies or hangs, the kernel
+// expires the entry and the VIP falls through to kube-proxy's rules.
+func redirectChain(c *Config, set string, vips []netip.Addr, to netip.AddrPort) netrules.Chain {
 	var rules [][]string
 	if c.SocketMark != 0 {
 		mark := fmt.Sprintf("0x%x/0x%x", c.SocketMark, c.SocketMark)
@@ -26,13 +35,13 @@ func redirectChain(c *Config) netrules.Chain {
 			"-m", "mark", "--mark", mark, "-j", "RETURN",
 		})
 	}
-	to := c.ListenAddress.String()
-	for _, vip := range c.ServiceVIPs {
+	for _, vip := range vips {
 		rules = append(rules, []string{
 			"-d", vip.String() + "/" + strconv.Itoa(vip.BitLen()),
 			"-p", "tcp", "-m", "tcp", "--dport", strconv.Itoa(int(c.ServicePort)),
-			"-m", "comment", "--comment", "kube-apicache: kubernetes Service VIP to the node-local agent",
-			"-j", "DNAT", "--to-destination", to,
+			"-m", "set", "--match-set", set, "dst",
+			"-m", "comment", "--comment", "kube-apicache: kubernetes Service VIP to the node-local agent while it is alive",
+			"-j", "DNAT", "--to-destination", to.String(),
 		})
 	}
 	return netrules.Chain{
@@ -42,4 +51,13 @@ func redirectChain(c *Config) netrules.Chain {
 		JumpFrom: []string{"PREROUTING", "OUTPUT"},
 		Comment:  "kube-apicache: redirect the kubernetes Service VIP",
 	}
+}
+
+// livenessSetName is the set of family: the configured name for IPv4, with
+// a "6" suffix for IPv6 (a set holds one family only).
+func livenessSetName(c *Config, family netrules.Family) string {
+	if family == netrules.IPv6 {
+		return c.LivenessSet + "6"
+	}
+	return c.LivenessSet
 }

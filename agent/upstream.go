@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -11,7 +12,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,10 +22,16 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// upstreams holds the kube-apiserver endpoints and the one transport used to
-// reach them. The transport carries no credentials of its own: no client
-// certificate, no token. Every forwarded request authenticates with what the
-// client sent.
+// upstreams holds the kube-apiserver endpoints, their health, and the one
+// transport used to reach them. The transport carries no credentials of its
+// own: no client certificate, no token. Every forwarded request
+// authenticates with what the client sent.
+//
+// Endpoints start as the --upstream flag and then follow the
+// default/kubernetes EndpointSlices (setEndpoints). A health loop (run)
+// checks each one; requests go to the active endpoint, which moves to a
+// healthy one when it fails. Reads that fail before an answer came, and any
+// request that could not even connect, are retried on another endpoint.
 type upstreams struct {
 	// transport carries ordinary requests, over HTTP/2 where upstream
 	// offers it. upgradeTransport speaks only HTTP/1.1: net/http treats
@@ -31,11 +40,33 @@ type upstreams struct {
 	// upgrades do not exist.
 	transport        *http.Transport
 	upgradeTransport *http.Transport
+	// onChange, if set, is called (without locks held) after the active
+	// endpoint or an endpoint's health changed.
+	onChange func()
 
 	mu        sync.Mutex // protects the fields below
-	endpoints []*url.URL
+	endpoints []*endpoint
 	active    int // index into endpoints
 }
+
+// endpoint is one kube-apiserver and its health.
+type endpoint struct {
+	url *url.URL
+	// Fields below are protected by upstreams.mu.
+	healthy  bool
+	checked  bool // health was checked at least once
+	failures int  // consecutive failed checks
+	lastErr  error
+	// inflight cancels the requests in flight to this endpoint, so that
+	// streams on a dead endpoint end and their clients reconnect.
+	inflight map[*inflightReq]context.CancelFunc
+}
+
+type inflightReq struct{}
+
+// deadAfter is how many consecutive failed checks make an endpoint dead:
+// its open streams are ended. One failure already moves new requests away.
+const deadAfter = 2
 
 // newUpstreams builds the transport for cfg's upstreams. It fails on an
 // unreadable or empty CA bundle.
@@ -76,7 +107,15 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 			PingTimeout:     15 * time.Second,
 		},
 	}
-	return &upstreams{transport: t, upgradeTransport: http1Only(t), endpoints: cfg.Upstreams}, nil
+	u := &upstreams{transport: t, upgradeTransport: http1Only(t)}
+	for _, ep := range cfg.Upstreams {
+		u.endpoints = append(u.endpoints, newEndpoint(ep))
+	}
+	return u, nil
+}
+
+func newEndpoint(u *url.URL) *endpoint {
+	return &endpoint{url: u, inflight: map[*inflightReq]context.CancelFunc{}}
 }
 
 // http1Only returns a copy of t that never negotiates HTTP/2 and keeps no
@@ -92,12 +131,144 @@ func http1Only(t *http.Transport) *http.Transport {
 }
 
 // RoundTrip sends upgrade requests over HTTP/1.1 and all others over the
-// shared transport.
+// shared transport, to the endpoint named in req.URL. When that fails in a
+// way that is safe to retry (see retryable), the request is sent again to
+// another healthy endpoint.
 func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
+	tried := map[string]bool{}
+	var body *readTracker
+	switch {
+	case req.Body == nil || req.Body == http.NoBody || req.GetBody != nil:
+	case req.ContentLength > 0 && req.ContentLength <= maxReplayableBody:
+		// A small body of known size (any ordinary write) is buffered, so
+		// it can be sent again: by net/http when an HTTP/2 connection is
+		// shut down (GOAWAY) before upstream processed the request, and
+		// here after a failed dial.
+		b, err := io.ReadAll(io.LimitReader(req.Body, req.ContentLength))
+		if err != nil {
+			return nil, fmt.Errorf("reading request body: %w", err)
+		}
+		req = req.Clone(req.Context())
+		req.Body = io.NopCloser(bytes.NewReader(b))
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+	default:
+		body = &readTracker{ReadCloser: req.Body}
+		req = req.Clone(req.Context())
+		req.Body = body
+	}
+	for {
+		tried[req.URL.Host] = true
+		resp, err := u.roundTripOnce(req)
+		if err == nil || !retryable(req, err, body == nil || !body.read.Load()) {
+			return resp, err
+		}
+		u.reportFailure(klog.FromContext(req.Context()), req.URL.Host, err)
+		next := u.pickExcept(tried)
+		if next == nil {
+			return nil, err
+		}
+		klog.FromContext(req.Context()).V(2).Info("Retrying on another upstream", "method", req.Method,
+			"path", req.URL.Path, "failed", req.URL.Host, "next", next.Host, "err", err)
+		out := req.Clone(req.Context())
+		out.URL.Scheme, out.URL.Host = next.Scheme, next.Host
+		out.Host = ""
+		if req.GetBody != nil {
+			if out.Body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+		}
+		req = out
+	}
+}
+
+// roundTripOnce sends req to its endpoint and tracks it while in flight.
+func (u *upstreams) roundTripOnce(req *http.Request) (*http.Response, error) {
 	if isUpgrade(req) {
+		// An upgraded connection's body must stay an io.ReadWriteCloser, so
+		// it is not tracked; a dead endpoint ends it with the TCP
+		// connection.
 		return u.upgradeTransport.RoundTrip(req)
 	}
-	return u.transport.RoundTrip(req)
+	ctx, cancel := context.WithCancel(req.Context())
+	done := u.track(req.URL.Host, cancel)
+	resp, err := u.transport.RoundTrip(req.WithContext(ctx))
+	if err != nil {
+		done()
+		cancel()
+		return nil, err
+	}
+	resp.Body = &trackedBody{ReadCloser: resp.Body, done: func() { done(); cancel() }}
+	return resp, nil
+}
+
+// track registers an in-flight request to host; the returned func
+// deregisters it.
+func (u *upstreams) track(host string, cancel context.CancelFunc) func() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	ep := u.find(host)
+	if ep == nil {
+		return func() {}
+	}
+	key := &inflightReq{}
+	ep.inflight[key] = cancel
+	return func() {
+		u.mu.Lock()
+		delete(ep.inflight, key)
+		u.mu.Unlock()
+	}
+}
+
+// trackedBody calls done once, when the body is closed.
+type trackedBody struct {
+	io.ReadCloser
+	once sync.Once
+	done func()
+}
+
+func (b *trackedBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.done)
+	return err
+}
+
+// maxReplayableBody is the largest request body buffered for a retry.
+const maxReplayableBody = 1 << 20
+
+// readTracker notes whether a request body was read from.
+type readTracker struct {
+	io.ReadCloser
+	read atomic.Bool
+}
+
+func (r *readTracker) Read(p []byte) (int, error) {
+	r.read.Store(true)
+	return r.ReadCloser.Read(p)
+}
+
+// Close does nothing: the transport closes a request's body even when the
+// dial failed, and the body must survive for a retry. The server closes a
+// forwarded request's body when its handler returns.
+func (r *readTracker) Close() error { return nil }
+
+// retryable reports whether req may be sent again after err. A request that
+// never reached the endpoint (the connection could not be made) and whose
+// body was not read from is retried whatever its method: upstream never
+// saw it. A read (GET, HEAD) without a body is retried whenever no answer
+// came. Nothing is retried once the client has gone.
+func retryable(req *http.Request, err error, bodyUnread bool) bool {
+	if req.Context().Err() != nil {
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return bodyUnread || req.GetBody != nil
+	}
+	if isUpgrade(req) {
+		return false
+	}
+	noBody := req.Body == nil || req.Body == http.NoBody
+	return (req.Method == http.MethodGet || req.Method == http.MethodHead) && noBody
 }
 
 // markSocket returns a dialer Control that sets SO_MARK on every socket.
@@ -120,11 +291,244 @@ func markSocket(mark uint32) func(network, address string, c syscall.RawConn) er
 	}
 }
 
-// pick returns the endpoint that requests go to now.
+// pick returns the endpoint that requests go to now: the active one.
 func (u *upstreams) pick() *url.URL {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	return u.endpoints[u.active]
+	return u.endpoints[u.active].url
+}
+
+// find returns the endpoint for host, or nil. u.mu must be held.
+func (u *upstreams) find(host string) *endpoint {
+	for _, ep := range u.endpoints {
+		if ep.url.Host == host {
+			return ep
+		}
+	}
+	return nil
+}
+
+// pickExcept returns a healthy endpoint not in tried, else one not yet
+// checked, else nil; it becomes the active endpoint.
+func (u *upstreams) pickExcept(tried map[string]bool) *url.URL {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	best := -1
+	for i, ep := range u.endpoints {
+		if tried[ep.url.Host] {
+			continue
+		}
+		if ep.healthy {
+			best = i
+			break
+		}
+		if best < 0 && !ep.checked {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	u.active = best
+	return u.endpoints[best].url
+}
+
+// reportFailure marks host unhealthy after a failed request, so new
+// requests go elsewhere until its next successful check.
+func (u *upstreams) reportFailure(logger klog.Logger, host string, err error) {
+	u.mu.Lock()
+	ep := u.find(host)
+	changed := ep != nil && ep.healthy
+	if ep != nil {
+		ep.healthy, ep.checked, ep.lastErr = false, true, err
+	}
+	u.mu.Unlock()
+	if !changed {
+		return
+	}
+	logger.Info("Upstream endpoint unhealthy: a request to it failed", "endpoint", host, "err", err)
+	if u.onChange != nil {
+		u.onChange()
+	}
+}
+
+// healthy returns nil while some endpoint is healthy, else why none is.
+func (u *upstreams) healthy() error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var errs []error
+	for _, ep := range u.endpoints {
+		if ep.healthy {
+			return nil
+		}
+		if ep.lastErr != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", ep.url.Host, ep.lastErr))
+		}
+	}
+	if len(errs) == 0 {
+		return errors.New("no upstream endpoint checked yet")
+	}
+	return fmt.Errorf("no healthy upstream endpoint: %w", errors.Join(errs...))
+}
+
+// endpointStatus is one endpoint's state, for metrics and logs.
+type endpointStatus struct {
+	Host    string
+	Healthy bool
+	Active  bool
+}
+
+// status returns a copy of every endpoint's state.
+func (u *upstreams) status() []endpointStatus {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	out := make([]endpointStatus, len(u.endpoints))
+	for i, ep := range u.endpoints {
+		out[i] = endpointStatus{Host: ep.url.Host, Healthy: ep.healthy, Active: i == u.active}
+	}
+	return out
+}
+
+// setEndpoints replaces the endpoint list, keeping the health of endpoints
+// that stay. An empty list is ignored: the agent never forgets every
+// apiserver (a slice can be empty for a moment while apiservers restart).
+// Requests in flight to removed endpoints are ended.
+func (u *upstreams) setEndpoints(urls []*url.URL) {
+	if len(urls) == 0 {
+		return
+	}
+	u.mu.Lock()
+	activeHost := u.endpoints[u.active].url.Host
+	var next []*endpoint
+	kept := map[*endpoint]bool{}
+	for _, nu := range urls {
+		ep := u.find(nu.Host)
+		if ep == nil {
+			ep = newEndpoint(nu)
+		}
+		kept[ep] = true
+		next = append(next, ep)
+	}
+	var cancels []context.CancelFunc
+	for _, ep := range u.endpoints {
+		if !kept[ep] {
+			for _, c := range ep.inflight {
+				cancels = append(cancels, c)
+			}
+		}
+	}
+	u.endpoints = next
+	u.active = 0
+	for i, ep := range next {
+		if ep.url.Host == activeHost {
+			u.active = i
+		}
+	}
+	if !next[u.active].healthy {
+		for i, ep := range next {
+			if ep.healthy {
+				u.active = i
+				break
+			}
+		}
+	}
+	u.mu.Unlock()
+	for _, c := range cancels {
+		c()
+	}
+	if u.onChange != nil {
+		u.onChange()
+	}
+}
+
+// checkAll checks every endpoint concurrently and records the results:
+// the active endpoint moves to a healthy one if it failed, and the streams
+// of an endpoint that failed deadAfter checks in a row are ended. It
+// reports whether anything changed.
+func (u *upstreams) checkAll(ctx context.Context, timeout time.Duration) bool {
+	u.mu.Lock()
+	eps := slices.Clone(u.endpoints)
+	u.mu.Unlock()
+	errs := make([]error, len(eps))
+	var wg sync.WaitGroup
+	for i, ep := range eps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			errs[i] = u.check(cctx, ep.url)
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return false
+	}
+	logger := klog.FromContext(ctx)
+	u.mu.Lock()
+	changed := false
+	var cancels []context.CancelFunc
+	for i, ep := range eps {
+		if u.find(ep.url.Host) != ep {
+			continue // removed meanwhile
+		}
+		ok := errs[i] == nil
+		if ok != ep.healthy || !ep.checked {
+			changed = true
+			if ok {
+				logger.Info("Upstream endpoint healthy", "endpoint", ep.url.Host)
+			} else {
+				logger.Info("Upstream endpoint unhealthy", "endpoint", ep.url.Host, "err", errs[i])
+			}
+		}
+		ep.healthy, ep.checked, ep.lastErr = ok, true, errs[i]
+		if ok {
+			ep.failures = 0
+			continue
+		}
+		ep.failures++
+		if ep.failures == deadAfter {
+			for _, c := range ep.inflight {
+				cancels = append(cancels, c)
+			}
+		}
+	}
+	if cur := u.endpoints[u.active]; !cur.healthy {
+		for i, ep := range u.endpoints {
+			if ep.healthy {
+				logger.Info("Failing over to another upstream endpoint", "from", cur.url.Host, "to", ep.url.Host)
+				u.active = i
+				changed = true
+				break
+			}
+		}
+	}
+	u.mu.Unlock()
+	if len(cancels) > 0 {
+		logger.Info("Ending requests in flight to a dead upstream endpoint", "count", len(cancels))
+	}
+	for _, c := range cancels {
+		c()
+	}
+	if changed && u.onChange != nil {
+		u.onChange()
+	}
+	return changed
+}
+
+// run checks the endpoints every period until ctx ends.
+func (u *upstreams) run(ctx context.Context, period time.Duration) {
+	timeout := min(max(period, time.Second), 5*time.Second)
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			u.checkAll(ctx, timeout)
+		}
+	}
 }
 
 // check probes one endpoint: the TLS handshake must verify and /readyz must
@@ -159,17 +563,23 @@ func (u *upstreams) waitHealthy(ctx context.Context, timeout time.Duration) erro
 	var errs []error
 	for {
 		errs = errs[:0]
-		for i, ep := range u.endpoints {
-			err := u.check(ctx, ep)
+		u.mu.Lock()
+		eps := slices.Clone(u.endpoints)
+		u.mu.Unlock()
+		for i, ep := range eps {
+			err := u.check(ctx, ep.url)
+			u.mu.Lock()
+			ep.healthy, ep.checked, ep.lastErr = err == nil, true, err
 			if err == nil {
-				u.mu.Lock()
 				u.active = i
-				u.mu.Unlock()
-				logger.V(2).Info("Upstream healthy", "endpoint", ep.Host)
+			}
+			u.mu.Unlock()
+			if err == nil {
+				logger.V(2).Info("Upstream healthy", "endpoint", ep.url.Host)
 				return nil
 			}
-			logger.V(2).Info("Upstream not healthy yet", "endpoint", ep.Host, "err", err)
-			errs = append(errs, fmt.Errorf("%s: %w", ep.Host, err))
+			logger.V(2).Info("Upstream not healthy yet", "endpoint", ep.url.Host, "err", err)
+			errs = append(errs, fmt.Errorf("%s: %w", ep.url.Host, err))
 		}
 		select {
 		case <-ctx.Done():

@@ -1,0 +1,41 @@
+package agent
+
+import (
+	"net/http"
+
+	"k8s.io/client-go/rest"
+)
+
+// restConfig returns the configuration of the agent's own client, for its
+// informers, reviews, CSRs and EndpointSlice watch. It authenticates with the
+// agent's ServiceAccount token (re-read as the kubelet rotates it) and sends
+// every request to the active upstream endpoint through the marked upstream
+// transport, so it follows failover and never passes the redirect.
+//
+// Forwarded client requests never use this configuration: they carry the
+// caller's own credentials.
+func (a *Agent) restConfig() *rest.Config {
+	return &rest.Config{
+		Host:            a.up.pick().String(),
+		BearerTokenFile: a.cfg.TokenFile,
+		Transport:       &activeEndpoint{up: a.up},
+		UserAgent:       "kube-apicache/" + a.cfg.NodeName,
+		QPS:             50,
+		Burst:           100,
+	}
+}
+
+// activeEndpoint sends each request to the upstream endpoint that is active
+// when it is sent.
+type activeEndpoint struct {
+	up *upstreams
+}
+
+func (t *activeEndpoint) RoundTrip(req *http.Request) (*http.Response, error) {
+	ep := t.up.pick()
+	// A RoundTripper must not modify the caller's request.
+	out := req.Clone(req.Context())
+	out.URL.Scheme, out.URL.Host = ep.Scheme, ep.Host
+	out.Host = ""
+	return t.up.RoundTrip(out)
+}

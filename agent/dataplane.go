@@ -1,0 +1,109 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/kube-apicache/kube-apicache/netrules"
+)
+
+// Kernel holds the node's kernel interfaces the agent works through.
+type Kernel struct {
+	// IPTables returns iptables (IPv4) or ip6tables (IPv6) of the backend
+	// kube-proxy uses.
+	IPTables func(netrules.Family) (netrules.IPTables, error)
+	// Backend names that backend, for logs.
+	Backend string
+	Netlink netrules.Netlink
+	IPSet   netrules.IPSet
+}
+
+// dataplane is the agent's redirect for one IP family: the family's listen
+// address on the node, a liveness set holding the family's VIPs while the
+// agent is healthy, and a nat chain (iptables or ip6tables) whose DNAT to
+// the listen address matches that set.
+type dataplane struct {
+	family netrules.Family
+	vips   []netip.Addr
+	listen netip.AddrPort
+	addr   *netrules.LocalAddress
+	set    *netrules.LivenessSet
+	chain  *netrules.ChainSyncer
+
+	// active is set while the family's redirect is installed and passed
+	// its self-check, so that its liveness entries are kept alive. Guarded
+	// by Agent.planeMu.
+	active bool
+}
+
+// newDataplanes returns one dataplane per IP family among cfg's VIPs.
+func newDataplanes(cfg *Config, k Kernel) ([]*dataplane, error) {
+	byFamily := map[netrules.Family][]netip.Addr{}
+	for _, vip := range cfg.ServiceVIPs {
+		f := netrules.FamilyOf(vip)
+		byFamily[f] = append(byFamily[f], vip.Unmap())
+	}
+	var out []*dataplane
+	for _, f := range []netrules.Family{netrules.IPv4, netrules.IPv6} {
+		vips := byFamily[f]
+		if len(vips) == 0 {
+			continue
+		}
+		ipt, err := k.IPTables(f)
+		if err != nil {
+			return nil, fmt.Errorf("iptables for %s: %w", f, err)
+		}
+		set := livenessSetName(cfg, f)
+		listen := cfg.listenAddress(f)
+		if !listen.IsValid() || netrules.FamilyOf(listen.Addr()) != f {
+			return nil, fmt.Errorf("no %s listen address for the %s Service VIPs", familyName(f), familyName(f))
+		}
+		out = append(out, &dataplane{
+			family: f,
+			vips:   slices.Clone(vips),
+			listen: listen,
+			// Both families share the link; each keeps its own address.
+			addr:  netrules.NewLocalAddress(k.Netlink, cfg.ListenLink, listen.Addr()),
+			set:   netrules.NewLivenessSet(k.IPSet, set, f, cfg.LivenessTimeout),
+			chain: netrules.NewChainSyncer(ipt, redirectChain(cfg, set, vips, listen)),
+		})
+	}
+	return out, nil
+}
+
+// sync makes the set and chain exist as they should. The set comes first:
+// the kernel refuses a rule matching a set that does not exist. It does not
+// touch the set's entries.
+func (d *dataplane) sync() (setCreated bool, res netrules.SyncResult, err error) {
+	if setCreated, err = d.set.Ensure(); err != nil {
+		return false, res, err
+	}
+	res, err = d.chain.Sync()
+	return setCreated, res, err
+}
+
+// refresh keeps the VIPs in the set for another timeout.
+func (d *dataplane) refresh() error { return d.set.Refresh(d.vips) }
+
+// clear takes the VIPs out of the set: new connections go to kube-proxy's
+// path at once, while the rules stay. The family is no longer active.
+func (d *dataplane) clear() error {
+	d.active = false
+	return d.set.Clear(d.vips)
+}
+
+// remove deletes the entries, the jumps and chain, then the set. A set that
+// someone else's rule still uses (a successor that already took over) is
+// left alone.
+func (d *dataplane) remove() error {
+	errClear := d.clear()
+	if err := d.chain.Remove(); err != nil {
+		return errors.Join(errClear, err)
+	}
+	if err := d.set.Destroy(); err != nil && !netrules.IsSetInUse(err) {
+		return errors.Join(errClear, err)
+	}
+	return nil
+}

@@ -1,0 +1,211 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// testEndpoint is an apiserver stand-in whose health can be switched off.
+type testEndpoint struct {
+	srv  *httptest.Server
+	url  *url.URL
+	sick atomic.Bool
+	hits atomic.Int32
+}
+
+func newTestEndpoint(t *testing.T, handler http.HandlerFunc) *testEndpoint {
+	t.Helper()
+	e := &testEndpoint{}
+	e.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/readyz" {
+			if e.sick.Load() {
+				http.Error(w, "not ready", http.StatusInternalServerError)
+			}
+			return
+		}
+		e.hits.Add(1)
+		handler(w, r)
+	}))
+	t.Cleanup(e.srv.Close)
+	e.url, _ = url.Parse(e.srv.URL)
+	return e
+}
+
+// newTestUpstreams returns upstreams over eps (httptest servers share one
+// certificate, so one transport trusts them all).
+func newTestUpstreams(eps ...*testEndpoint) *upstreams {
+	t0 := eps[0].srv.Client().Transport.(*http.Transport).Clone()
+	u := &upstreams{transport: t0, upgradeTransport: http1Only(t0)}
+	for _, e := range eps {
+		u.endpoints = append(u.endpoints, newEndpoint(e.url))
+	}
+	return u
+}
+
+func ok(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	_, _ = io.WriteString(w, "ok")
+}
+
+// TestRetryOnDeadEndpoint: requests sent to an endpoint that refuses
+// connections are sent to a live one instead, reads and writes alike (the
+// dead one never saw them), and the live one becomes active.
+func TestRetryOnDeadEndpoint(t *testing.T) {
+	var bodies atomic.Int32 // requests whose body arrived whole
+	dead := newTestEndpoint(t, ok)
+	live := newTestEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		if b, _ := io.ReadAll(r.Body); r.Method == http.MethodGet || string(b) == `{"kind":"ConfigMap"}` {
+			bodies.Add(1)
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	dead.srv.Close()
+	u := newTestUpstreams(dead, live)
+	u.checkAll(context.Background(), time.Second) // live is known healthy
+	u.mu.Lock()
+	u.active = 0 // as if dead had been active until a moment ago
+	u.mu.Unlock()
+	for _, tc := range []struct {
+		method string
+		body   string
+		// sized gives the body a known length, as a server request with
+		// Content-Length has; without it the length is unknown (chunked).
+		sized bool
+	}{{http.MethodGet, "", false}, {http.MethodPost, `{"kind":"ConfigMap"}`, false}, {http.MethodPut, `{"kind":"ConfigMap"}`, true}} {
+		var body io.Reader
+		if tc.body != "" {
+			body = io.NopCloser(strings.NewReader(tc.body)) // not replayable by net/http
+		}
+		req, _ := http.NewRequest(tc.method, dead.url.JoinPath("/api/v1/namespaces/x/configmaps").String(), body)
+		if tc.sized {
+			req.ContentLength = int64(len(tc.body))
+		}
+		resp, err := u.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.method, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != "ok" {
+			t.Errorf("%s: body %q", tc.method, b)
+		}
+	}
+	if got := live.hits.Load(); got != 3 {
+		t.Errorf("live endpoint got %d requests, want 3", got)
+	}
+	if got := bodies.Load(); got != 3 {
+		t.Errorf("%d of 3 retried requests arrived with their body intact", got)
+	}
+	if got := u.pick().Host; got != live.url.Host {
+		t.Errorf("active = %s, want %s", got, live.url.Host)
+	}
+	if err := u.healthy(); err != nil {
+		t.Errorf("healthy() = %v", err)
+	}
+}
+
+// TestNoRetryOfSentWrite: a write that reached an endpoint is never
+// sent twice, even if it failed there.
+func TestNoRetryOfSentWrite(t *testing.T) {
+	var a, b *testEndpoint
+	a = newTestEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		// Drop the connection without an answer.
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	})
+	b = newTestEndpoint(t, ok)
+	a.srv.EnableHTTP2 = false
+	u := newTestUpstreams(a, b)
+	u.transport.ForceAttemptHTTP2 = false
+	u.transport.TLSClientConfig.NextProtos = []string{"http/1.1"}
+	u.checkAll(context.Background(), time.Second)
+	req, _ := http.NewRequest(http.MethodPost, a.url.JoinPath("/api/v1/namespaces/x/configmaps").String(), io.NopCloser(strings.NewReader("{}")))
+	if resp, err := u.RoundTrip(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a write whose connection dropped succeeded: %s", resp.Status)
+	}
+	if got := b.hits.Load(); got != 0 {
+		t.Errorf("write sent again to another endpoint (%d times)", got)
+	}
+}
+
+// TestFailoverAndStreamEnd: when the active endpoint fails its health
+// checks, new requests go to the other one, and a stream still open on the
+// failed one is ended so its client reconnects.
+func TestFailoverAndStreamEnd(t *testing.T) {
+	streaming := make(chan struct{})
+	a := newTestEndpoint(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "event\n")
+		w.(http.Flusher).Flush()
+		close(streaming)
+		<-r.Context().Done()
+	})
+	b := newTestEndpoint(t, ok)
+	u := newTestUpstreams(a, b)
+	changes := atomic.Int32{}
+	u.onChange = func() { changes.Add(1) }
+	u.checkAll(context.Background(), time.Second)
+	if got := u.pick().Host; got != a.url.Host {
+		t.Fatalf("active = %s, want the first healthy endpoint %s", got, a.url.Host)
+	}
+	req, _ := http.NewRequest(http.MethodGet, a.url.JoinPath("/api/v1/pods").String()+"?watch=true", nil)
+	resp, err := u.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	<-streaming
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(resp.Body, line); err != nil {
+		t.Fatal(err)
+	}
+
+	a.sick.Store(true)
+	u.checkAll(context.Background(), time.Second)
+	if got := u.pick().Host; got != b.url.Host {
+		t.Errorf("after one failed check active = %s, want %s", got, b.url.Host)
+	}
+	if changes.Load() == 0 {
+		t.Error("failover did not call onChange")
+	}
+	u.checkAll(context.Background(), time.Second) // deadAfter = 2
+	done := make(chan error, 1)
+	go func() { _, err := io.ReadAll(resp.Body); done <- err }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("stream on the dead endpoint still open")
+	}
+	a.sick.Store(false)
+	u.checkAll(context.Background(), time.Second)
+	if err := u.healthy(); err != nil {
+		t.Errorf("healthy() = %v", err)
+	}
+}
+
+// TestSetEndpoints: the EndpointSlice list replaces the bootstrap list,
+// keeping the active endpoint and known health; an empty list is ignored.
+func TestSetEndpoints(t *testing.T) {
+	a, b := newTestEndpoint(t, ok), newTestEndpoint(t, ok)
+	u := newTestUpstreams(a)
+	u.checkAll(context.Background(), time.Second)
+	u.setEndpoints(nil)
+	if len(u.status()) != 1 {
+		t.Fatalf("an empty list emptied the endpoints: %v", u.status())
+	}
+	u.setEndpoints([]*url.URL{b.url, a.url})
+	st := u.status()
+	if len(st) != 2 || !st[1].Active || !st[1].Healthy || st[0].Healthy {
+		t.Errorf("status = %+v, want a kept active and healthy, b new and unchecked", st)
+	}
+}

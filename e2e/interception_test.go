@@ -1,0 +1,620 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
+)
+
+// livenessTimeout is the switch's timeout in these tests: the default.
+const livenessTimeout = 5 * time.Second
+
+// loadResult is what a podclient load run reports.
+type loadResult struct {
+	OK, Failed, Reads, Writes, FailedReads, FailedWrites int
+	LongestGap                                           time.Duration
+	Failures                                             []string
+}
+
+var resultRE = regexp.MustCompile(`RESULT ok=(\d+) failed=(\d+) reads=(\d+) writes=(\d+) failed_reads=(\d+) failed_writes=(\d+) longest_gap_ms=(\d+)`)
+
+// loadRun is a pod client reading and writing a ConfigMap through the VIP
+// in a loop.
+type loadRun struct {
+	t    *testing.T
+	proc *sandbox.Process
+}
+
+// startLoad starts the load client in pod and waits until its first write
+// succeeded. newConn makes every request open its own connection, so each
+// request meets the node's current redirect state; without it the client
+// behaves like any client-go program (one HTTP/2 connection, reused).
+func startLoad(t *testing.T, pod *sandbox.Pod, name string, newConn bool) *loadRun {
+	t.Helper()
+	args := []string{"load", "--name", name, "--timeout", "4m", "--interval", "20ms"}
+	if newConn {
+		args = append(args, "--new-conn")
+	}
+	// The process log is named after the binary: one name per run.
+	bin := filepath.Join(t.TempDir(), "podclient-"+name)
+	if err := os.Symlink(podclientBin, bin); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := pod.Start(bin, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &loadRun{t: t, proc: proc}
+	t.Cleanup(func() { proc.Stop(10 * time.Second) })
+	deadline := time.Now().Add(time.Minute)
+	for !strings.Contains(proc.Log(), "READY") {
+		if done, _ := proc.Exited(); done || time.Now().After(deadline) {
+			t.Fatalf("load client not ready:\n%s", proc.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return l
+}
+
+// stop ends the run and returns its figures.
+func (l *loadRun) stop() loadResult {
+	l.t.Helper()
+	l.proc.Stop(10 * time.Second)
+	log := l.proc.Log()
+	m := resultRE.FindStringSubmatch(log)
+	if m == nil {
+		l.t.Fatalf("load client printed no RESULT:\n%s", log)
+	}
+	n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+	r := loadResult{OK: n(1), Failed: n(2), Reads: n(3), Writes: n(4), FailedReads: n(5), FailedWrites: n(6),
+		LongestGap: time.Duration(n(7)) * time.Millisecond}
+	for _, line := range strings.Split(log, "\n") {
+		if strings.HasPrefix(line, "FAIL ") {
+			r.Failures = append(r.Failures, line)
+		}
+	}
+	return r
+}
+
+func (r loadResult) String() string {
+	return fmt.Sprintf("%d requests (%d reads, %d writes): %d failed (%d reads, %d writes), longest gap between successes %s",
+		r.OK+r.Failed, r.Reads, r.Writes, r.Failed, r.FailedReads, r.FailedWrites, r.LongestGap)
+}
+
+// firstFailures returns up to n failure lines, for logs.
+func (r loadResult) firstFailures(n int) string {
+	if len(r.Failures) < n {
+		n = len(r.Failures)
+	}
+	return strings.Join(r.Failures[:n], "\n")
+}
+
+// liveEntries returns the members of the agent's liveness set, or nil if
+// the set does not exist.
+func liveEntries(t *testing.T, ctx context.Context, c *sandbox.Cluster) []string {
+	t.Helper()
+	out, err := c.Node.Output(ctx, "ipset", "list", sandbox.AgentLivenessSet)
+	if err != nil {
+		return nil
+	}
+	_, members, _ := strings.Cut(out, "Members:\n")
+	var ips []string
+	for _, line := range strings.Split(strings.TrimSpace(members), "\n") {
+		if f := strings.Fields(line); len(f) > 0 {
+			ips = append(ips, f[0])
+		}
+	}
+	return ips
+}
+
+// forwarded returns the number of requests the agent has forwarded.
+func forwarded(t *testing.T, ctx context.Context, a *sandbox.Agent) float64 {
+	t.Helper()
+	var n float64
+	for _, v := range agentRequests(t, ctx, a) {
+		n += v
+	}
+	return n
+}
+
+// cleanNode removes what a killed agent left, the way the product does: a
+// successor that cannot start removes a dead predecessor's state.
+func cleanNode(t *testing.T, ctx context.Context, c *sandbox.Cluster) {
+	t.Helper()
+	pod, certFile, keyFile := newAgentPod(t, ctx, c)
+	cmd := pod.Command(ctx, agentBin, c.AgentArgs(certFile, keyFile, "--upstream=https://10.250.0.99:6443", "--upstream-check-timeout=1s")...)
+	_ = cmd.Run()
+	assertNoAgentState(t, ctx, c)
+}
+
+// doTestAgentDies: given an agent serving a pod's continuous reads and
+// writes through the VIP, when the agent is stopped by sig without a chance
+// to clean up, then the kernel expires the liveness entry and new
+// connections reach kube-apiserver through kube-proxy within the switch's
+// timeout.
+func doTestAgentDies(t *testing.T, ns string, sig syscall.Signal, maxGap time.Duration) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pod := newClientPod(t, ctx, c, ns, "client")
+	a := startAgent(t, ctx, c)
+	load := startLoad(t, pod, "load", true)
+	time.Sleep(2 * time.Second)
+	before := forwarded(t, ctx, a)
+	if before < 20 {
+		t.Fatalf("the agent forwarded only %v requests: the load does not go through it", before)
+	}
+	if got := liveEntries(t, ctx, c); len(got) != 1 || got[0] != sandbox.ServiceVIP {
+		t.Fatalf("liveness set members = %v, want [%s]", got, sandbox.ServiceVIP)
+	}
+
+	killed := time.Now()
+	if err := a.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+	// The entry must be gone within the timeout, without any process
+	// acting on it.
+	for len(liveEntries(t, ctx, c)) > 0 {
+		if time.Since(killed) > livenessTimeout+time.Second {
+			t.Fatalf("liveness entry still there %s after %s", time.Since(killed), sig)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	expired := time.Since(killed)
+	time.Sleep(livenessTimeout)
+	res := load.stop()
+	t.Logf("%s: liveness entry expired %s after the signal; load: %s", ns, expired.Round(time.Millisecond), res)
+	if res.Failed > 0 {
+		t.Logf("first failures:\n%s", res.firstFailures(3))
+	}
+	if res.LongestGap > maxGap {
+		t.Errorf("longest gap %s, want at most %s", res.LongestGap, maxGap)
+	}
+	if res.OK < 100 {
+		t.Errorf("only %d successful requests", res.OK)
+	}
+	if nat, _, _ := c.NodeNetState(ctx); !strings.Contains(nat, sandbox.AgentChain) {
+		t.Errorf("the rules are gone; the scenario is meant to leave them to the switch:\n%s", nat)
+	}
+	if sig == syscall.SIGSTOP {
+		// Resumed, the agent finds itself healthy and intercepts again.
+		if err := a.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.WaitReady(ctx); err != nil {
+			t.Fatalf("resumed agent not ready: %v", err)
+		}
+		waitFor(t, 2*livenessTimeout, "liveness entry back after SIGCONT", func() bool { return len(liveEntries(t, ctx, c)) == 1 })
+		a.Process.Stop(40 * time.Second)
+		assertNoAgentState(t, ctx, c)
+		return
+	}
+	cleanNode(t, ctx, c)
+}
+
+// TestKilledAgentFailsOpen: kill -9. The agent's sockets die with it, so
+// requests on new connections fail fast (connection refused) until the
+// entry expires.
+func TestKilledAgentFailsOpen(t *testing.T) {
+	doTestAgentDies(t, "e2e-sigkill", syscall.SIGKILL, livenessTimeout+2*time.Second)
+}
+
+// TestHungAgentFailsOpen: SIGSTOP. The kernel still accepts connections
+// for the hung agent, so requests time out (3s in the client) until the
+// entry expires.
+func TestHungAgentFailsOpen(t *testing.T) {
+	doTestAgentDies(t, "e2e-sigstop", syscall.SIGSTOP, livenessTimeout+4*time.Second)
+}
+
+// TestGracefulHandoff: given pods reading and writing through the agent,
+// one with a client-go default client (one reused HTTP/2 connection) and
+// one opening a connection per request, when the agent gets SIGTERM and a
+// new agent starts after it (a DaemonSet rolling update), then no request
+// fails, the old agent exits 0, and the new one intercepts.
+func TestGracefulHandoff(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pod := newClientPod(t, ctx, c, "e2e-handoff", "client")
+	old := startAgent(t, ctx, c)
+	reused := startLoad(t, pod, "load-reused", false)
+	fresh := startLoad(t, pod, "load-fresh", true)
+	time.Sleep(2 * time.Second)
+	if n := forwarded(t, ctx, old); n < 20 {
+		t.Fatalf("old agent forwarded only %v requests", n)
+	}
+
+	start := time.Now()
+	if err := old.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if code := waitExit(t, old.Process, 40*time.Second); code != 0 {
+		t.Errorf("old agent exited %d, want 0", code)
+	}
+	exited := time.Since(start)
+	time.Sleep(time.Second) // requests meanwhile go through kube-proxy
+	next := startAgent(t, ctx, c)
+	time.Sleep(3 * time.Second)
+	n := forwarded(t, ctx, next)
+	for _, l := range []struct {
+		name string
+		run  *loadRun
+	}{{"reused connection", reused}, {"connection per request", fresh}} {
+		res := l.run.stop()
+		t.Logf("rolling replacement, %s: %s", l.name, res)
+		if res.Failed != 0 {
+			t.Errorf("%s: %d requests failed:\n%s", l.name, res.Failed, res.firstFailures(5))
+		}
+	}
+	t.Logf("old agent exited %s after SIGTERM; new agent forwarded %v requests", exited.Round(time.Millisecond), n)
+	if n < 10 {
+		t.Errorf("new agent forwarded only %v requests", n)
+	}
+}
+
+// nodeState counts what the agent may leave on the node.
+type nodeState struct {
+	Chains, ChainRules, Jumps, Sets, Entries, Addresses int
+	JumpFirst                                           bool
+	ReturnFirst                                         bool
+}
+
+func readNodeState(t *testing.T, ctx context.Context, c *sandbox.Cluster) nodeState {
+	t.Helper()
+	nat, addrs, err := c.NodeNetState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s nodeState
+	firstOf := map[string]string{}
+	var chainRules []string
+	for _, line := range strings.Split(nat, "\n") {
+		switch {
+		case line == ":"+sandbox.AgentChain+" - [0:0]":
+			s.Chains++
+		case strings.HasPrefix(line, "-A "+sandbox.AgentChain+" "):
+			chainRules = append(chainRules, line)
+		case strings.HasPrefix(line, "-A "):
+			f := strings.Fields(line)
+			if _, ok := firstOf[f[1]]; !ok {
+				firstOf[f[1]] = line
+			}
+			if strings.HasSuffix(line, "-j "+sandbox.AgentChain) {
+				s.Jumps++
+			}
+		}
+	}
+	s.ChainRules = len(chainRules)
+	s.ReturnFirst = len(chainRules) > 0 && strings.Contains(chainRules[0], "--mark 0x1000/0x1000 -j RETURN")
+	s.JumpFirst = strings.HasSuffix(firstOf["PREROUTING"], "-j "+sandbox.AgentChain) && strings.HasSuffix(firstOf["OUTPUT"], "-j "+sandbox.AgentChain)
+	sets, err := c.Node.Output(ctx, "ipset", "list", "-n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range strings.Fields(sets) {
+		if name == sandbox.AgentLivenessSet {
+			s.Sets++
+		}
+	}
+	s.Entries = len(liveEntries(t, ctx, c))
+	s.Addresses = strings.Count(addrs, " "+sandbox.AgentListenIP+"/")
+	return s
+}
+
+// TestStartKillCycles: given 100 agents started one after the other, each
+// killed with SIGKILL at a random point of its start-up or while serving,
+// when a last agent starts, then the node holds exactly one chain with its
+// two rules (the RETURN for marked traffic first), one jump per hook in
+// first position, one set with one entry and one address, and requests
+// through the VIP are answered by the agent, not looped back to it.
+func TestStartKillCycles(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	pod, certFile, keyFile := newAgentPod(t, ctx, c)
+	args := c.AgentArgs(certFile, keyFile)
+	const cycles = 100
+	readyKills := 0
+	start := time.Now()
+	for i := range cycles {
+		proc, err := pod.Start(agentBin, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := &sandbox.Agent{Pod: pod, Process: proc}
+		if i%4 == 0 {
+			// Every fourth one serves before it dies.
+			if err := a.WaitReady(ctx); err != nil {
+				t.Fatalf("cycle %d: %v", i, err)
+			}
+			readyKills++
+		} else {
+			time.Sleep(time.Duration(rand.IntN(600)) * time.Millisecond)
+		}
+		_ = proc.Signal(syscall.SIGKILL)
+		_ = proc.Wait(10 * time.Second)
+		if done, _ := proc.Exited(); !done {
+			t.Fatalf("cycle %d: agent did not die", i)
+		}
+		if s := readNodeState(t, ctx, c); s.Chains > 1 || s.Jumps > 2 || s.ChainRules > 2 || s.Sets > 1 || s.Entries > 1 || s.Addresses > 1 {
+			t.Fatalf("cycle %d: duplicated state: %+v", i, s)
+		}
+	}
+	t.Logf("%d start/kill cycles (%d killed while serving) in %s", cycles, readyKills, time.Since(start).Round(time.Second))
+
+	a := startAgent(t, ctx, c)
+	want := nodeState{Chains: 1, ChainRules: 2, Jumps: 2, Sets: 1, Entries: 1, Addresses: 1, JumpFirst: true, ReturnFirst: true}
+	if got := readNodeState(t, ctx, c); got != want {
+		nat, addrs, _ := c.NodeNetState(ctx)
+		t.Fatalf("node state after the cycles = %+v, want %+v\n%s\n%s", got, want, nat, addrs)
+	}
+	client := newClientPod(t, ctx, c, "e2e-cycles", "client")
+	before := forwarded(t, ctx, a)
+	quick, cancelQuick := context.WithTimeout(ctx, 20*time.Second)
+	defer cancelQuick()
+	mustKubectl(t, quick, client, "get", "configmaps")
+	if after := forwarded(t, ctx, a); after <= before {
+		t.Errorf("request through the VIP not forwarded by the agent (%v -> %v)", before, after)
+	}
+	if active := activeUpstream(t, ctx, a); !strings.HasPrefix(active, "10.250.0.") {
+		t.Errorf("active upstream %q is not an apiserver endpoint", active)
+	}
+	t.Logf("final state: %+v", want)
+}
+
+// activeUpstream returns the endpoint the agent sends requests to, from its
+// metrics.
+func activeUpstream(t *testing.T, ctx context.Context, a *sandbox.Agent) string {
+	t.Helper()
+	for ep, v := range upstreamGauge(t, ctx, a, "kube_apicache_upstream_endpoint_active") {
+		if v == 1 {
+			return ep
+		}
+	}
+	return ""
+}
+
+// upstreamGauge returns a per-endpoint gauge of the agent.
+func upstreamGauge(t *testing.T, ctx context.Context, a *sandbox.Agent, name string) map[string]float64 {
+	t.Helper()
+	return sumBy(scrapeAgent(t, ctx, a)[name], "endpoint")
+}
+
+// waitFor polls cond every 50ms until it holds, failing after timeout. It
+// returns how long it took.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > timeout {
+			t.Fatalf("%s: not within %s", what, timeout)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestRulesRestored: given a running agent with --sync-period=2s, when
+// someone deletes or reorders its jumps, deletes its DNAT rule, empties its
+// liveness set or removes its address, then each is put back within one
+// sync period.
+func TestRulesRestored(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const period = 2 * time.Second
+	startAgent(t, ctx, c, "--sync-period="+period.String())
+	want := readNodeState(t, ctx, c)
+	if !want.JumpFirst || want.Chains != 1 || want.Entries != 1 || want.Addresses != 1 {
+		t.Fatalf("unexpected initial state %+v", want)
+	}
+	jump := []string{"-m", "comment", "--comment", "kube-apicache: redirect the kubernetes Service VIP", "-j", sandbox.AgentChain}
+	ipt := func(args ...string) {
+		t.Helper()
+		if err := c.Node.Run(ctx, append([]string{"iptables", "-w", "-t", "nat"}, args...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		change func()
+	}{
+		{"jump deleted from PREROUTING", func() { ipt(append([]string{"-D", "PREROUTING"}, jump...)...) }},
+		{"jump moved behind kube-proxy in OUTPUT", func() {
+			ipt(append([]string{"-D", "OUTPUT"}, jump...)...)
+			ipt(append([]string{"-A", "OUTPUT"}, jump...)...)
+		}},
+		{"DNAT rule deleted", func() { ipt("-D", sandbox.AgentChain, "2") }},
+		{"marked-traffic RETURN moved last", func() {
+			ipt("-D", sandbox.AgentChain, "1")
+			ipt("-A", sandbox.AgentChain, "-m", "mark", "--mark", "0x1000/0x1000", "-j", "RETURN")
+		}},
+		{"liveness set flushed", func() {
+			if err := c.Node.Run(ctx, "ipset", "flush", sandbox.AgentLivenessSet); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"listen address deleted", func() {
+			link := "lo"
+			if _, addrs, _ := c.NodeNetState(ctx); strings.Contains(addrs, "kube-apicache0") {
+				link = "kube-apicache0"
+			}
+			if err := c.Node.Run(ctx, "ip", "addr", "del", sandbox.AgentListenIP+"/32", "dev", link); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		changed := time.Now()
+		tc.change()
+		if readNodeState(t, ctx, c) == want {
+			// The liveness loop can win the race with the look that
+			// follows the change.
+			t.Logf("%s: restored within %s, before it could be seen", tc.name, time.Since(changed).Round(10*time.Millisecond))
+			continue
+		}
+		took := waitFor(t, period+2*time.Second, tc.name+" restored", func() bool { return readNodeState(t, ctx, c) == want })
+		t.Logf("%s: restored after %s (sync period %s)", tc.name, took.Round(10*time.Millisecond), period)
+		// took includes the polling (three commands per look).
+		if took > period+time.Second {
+			t.Errorf("%s: restored after %s, more than one sync period", tc.name, took)
+		}
+	}
+}
+
+// TestAPIServerEndpointStopped: given two apiservers, an agent that learnt
+// both from the kubernetes EndpointSlice and sends to the second, and a pod
+// reading and writing through it, when the second apiserver dies, then
+// the agent fails over and every read keeps succeeding through the agent.
+func TestAPIServerEndpointStopped(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	ass := c.APIServers()
+	if len(ass) < 2 {
+		t.Fatalf("the sandbox runs %d apiserver(s); this needs 2", len(ass))
+	}
+	victim, other := ass[1], ass[0]
+	pod := newClientPod(t, ctx, c, "e2e-apiserver-down", "client")
+	// Bootstrapped with the victim only: it becomes the active endpoint, and
+	// the other is learnt from the EndpointSlice.
+	a := startAgent(t, ctx, c, "--upstream="+victim.URL)
+	waitFor(t, 30*time.Second, "both endpoints learnt from the EndpointSlice", func() bool {
+		return len(upstreamGauge(t, ctx, a, "kube_apicache_upstream_endpoint_healthy")) == 2
+	})
+	if got := activeUpstream(t, ctx, a); got != strings.TrimPrefix(victim.URL, "https://") {
+		t.Fatalf("active upstream %s, want %s", got, victim.URL)
+	}
+	before := forwarded(t, ctx, a)
+	load := startLoad(t, pod, "load", true)
+	time.Sleep(2 * time.Second)
+
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		if err := c.StartAPIServer(ctx, victim); err != nil {
+			t.Errorf("restarting %s: %v", victim.Addr, err)
+		}
+	})
+	// Killed rather than stopped gracefully: it fails its requests in
+	// flight and gives no notice (a graceful stop first fails /readyz).
+	stopStart := time.Now()
+	if err := victim.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = victim.Process.Wait(10 * time.Second)
+	stopped := time.Since(stopStart)
+	time.Sleep(8 * time.Second)
+	res := load.stop()
+	after := forwarded(t, ctx, a)
+	active := activeUpstream(t, ctx, a)
+	t.Logf("apiserver %s killed (exited after %s); load: %s; agent forwarded %v requests meanwhile; active upstream now %s",
+		victim.Addr, stopped.Round(time.Millisecond), res, after-before, active)
+	if res.FailedReads != 0 {
+		t.Errorf("%d reads failed:\n%s", res.FailedReads, res.firstFailures(5))
+	}
+	if res.FailedWrites != 0 {
+		// A write in flight on the killed apiserver may have been applied:
+		// it is answered with an error, never sent again.
+		t.Logf("writes that failed (in flight at the kill):\n%s", res.firstFailures(5))
+	}
+	if active != strings.TrimPrefix(other.URL, "https://") {
+		t.Errorf("active upstream %s, want %s", active, other.URL)
+	}
+	// The load's requests plus its initial create, all through the agent.
+	if after-before < float64(res.OK+res.Failed) {
+		t.Errorf("the agent forwarded %v of %d requests: reads did not go through it", after-before, res.OK+res.Failed)
+	}
+}
+
+// readyz returns the agent's /readyz status code and body.
+func readyz(t *testing.T, ctx context.Context, c *sandbox.Cluster) (int, string) {
+	t.Helper()
+	client := &http.Client{Transport: &http.Transport{DialContext: c.Node.DialContext}, Timeout: 5 * time.Second}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sandbox.AgentMetricsAddr+"/readyz", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b))
+}
+
+// TestSelfCheckKeepsAgentOut: given a node where the redirect cannot take
+// effect for the node's own connections (here a raw-table NOTRACK rule
+// keeps them out of NAT, as a socket-level load balancer keeps them out of
+// netfilter), when the agent starts, then its self-check fails, it removes
+// its redirect, reports not-ready with the reason, and takes over once the
+// obstacle is gone.
+func TestSelfCheckKeepsAgentOut(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	notrack := []string{"OUTPUT", "-d", sandbox.ServiceVIP + "/32", "-p", "tcp", "--dport", strconv.Itoa(sandbox.ServicePort), "-j", "NOTRACK"}
+	if err := c.Node.Run(ctx, append([]string{"iptables", "-w", "-t", "raw", "-I"}, notrack...)...); err != nil {
+		t.Fatal(err)
+	}
+	removed := false
+	removeObstacle := func() {
+		if !removed {
+			removed = true
+			if err := c.Node.Run(ctx, append([]string{"iptables", "-w", "-t", "raw", "-D"}, notrack...)...); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer removeObstacle()
+
+	pod, certFile, keyFile := newAgentPod(t, ctx, c)
+	proc, err := pod.Start(agentBin, c.AgentArgs(certFile, keyFile, "--sync-period=2s")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopOnCleanup(t, proc, "agent", 0, 40*time.Second)
+	var code int
+	var body string
+	waitFor(t, 30*time.Second, "readyz reporting the failed self-check", func() bool {
+		code, body = readyz(t, ctx, c)
+		return strings.Contains(body, "self-check failed")
+	})
+	t.Logf("readyz with the obstacle: %d %s", code, body)
+	if code != http.StatusServiceUnavailable {
+		t.Errorf("readyz = %d, want 503", code)
+	}
+	// Between two attempts (the next one waits at least a sync period), no
+	// redirect is left in place.
+	if s := readNodeState(t, ctx, c); s.Jumps != 0 || s.Entries != 0 {
+		t.Errorf("redirect in force while the self-check fails: %+v", s)
+	}
+	if !strings.Contains(proc.Log(), "self-check failed") {
+		t.Errorf("the agent did not log why it stays out")
+	}
+
+	removeObstacle()
+	took := waitFor(t, 30*time.Second, "agent ready once the obstacle is gone", func() bool {
+		code, _ := readyz(t, ctx, c)
+		return code == http.StatusOK
+	})
+	t.Logf("intercepting %s after the obstacle was removed (sync period 2s, retries back off)", took.Round(10*time.Millisecond))
+	if s := readNodeState(t, ctx, c); !s.JumpFirst || s.Entries != 1 {
+		t.Errorf("node state once ready: %+v", s)
+	}
+}
