@@ -3,11 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httputil"
 	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/klog/v2"
 )
 
@@ -26,7 +28,11 @@ import (
 //   - Upgrades (exec, attach, port-forward) are tunnelled only after the
 //     upstream answered 101; any other answer is relayed and the client
 //     connection closed, so no half-upgraded connection is ever reused.
-func newForwarder(up *upstreams) http.Handler {
+//
+// observe, if not nil, sees every upstream response before it is relayed
+// (the cache's read-your-writes barrier); it may replace resp.Body with an
+// equivalent reader.
+func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up.pick())
@@ -44,6 +50,12 @@ func newForwarder(up *upstreams) http.Handler {
 			if isUpgrade(resp.Request) && resp.StatusCode != http.StatusSwitchingProtocols {
 				resp.Header.Set("Connection", "close")
 			}
+			if observe != nil {
+				observe(resp)
+			}
+			if resp.StatusCode == http.StatusOK && isWatch(resp.Request) {
+				resp.Body = &endCleanly{ReadCloser: resp.Body, ctx: resp.Request.Context()}
+			}
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -55,9 +67,50 @@ func newForwarder(up *upstreams) http.Handler {
 			if isUpgrade(r) {
 				w.Header().Set("Connection", "close")
 			}
+			if isWatch(r) {
+				// A direct client whose watch cannot reconnect gets
+				// "connection refused", which client-go's reflector
+				// retries with backoff from where it was; 503 would make
+				// it relist. 429 with Retry-After is the answer it treats
+				// the same way.
+				writeStatus(w, r, apierrors.NewTooManyRequests("the node-local API proxy could not reach kube-apiserver; retry the watch", 1))
+				return
+			}
 			writeStatus(w, r, apierrors.NewServiceUnavailable("the node-local API proxy could not reach kube-apiserver"))
 		},
 	}
+}
+
+// endCleanly ends a relayed watch the way kube-apiserver ends one: when the
+// upstream stream breaks (the apiserver restarted, its connection was lost,
+// or the agent is draining), the client's response ends normally instead of
+// being aborted. A direct client of a vanished apiserver sees its stream end
+// and re-watches from its last resourceVersion; an aborted HTTP/2 stream
+// (httputil.ReverseProxy's answer to a failed copy) would instead reach
+// client-go as a decoding error, and its reflector would relist.
+type endCleanly struct {
+	io.ReadCloser
+	ctx context.Context
+}
+
+func (b *endCleanly) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		if b.ctx.Err() == nil {
+			klog.FromContext(b.ctx).V(2).Info("Upstream watch broke off; ending the relayed watch", "err", err)
+		}
+		err = io.EOF
+	}
+	return n, err
+}
+
+// isWatch reports whether r is a watch (RequestInfo verb "watch").
+func isWatch(r *http.Request) bool {
+	if r == nil {
+		return false
+	}
+	info, ok := request.RequestInfoFrom(r.Context())
+	return ok && info.Verb == "watch"
 }
 
 // isUpgrade reports whether r asks for a protocol upgrade.

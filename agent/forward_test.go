@@ -18,7 +18,7 @@ func newTestAgent(t *testing.T, upstream *httptest.Server) *Agent {
 	t.Helper()
 	u, _ := url.Parse(upstream.URL)
 	t0 := upstream.Client().Transport.(*http.Transport).Clone()
-	up := &upstreams{transport: t0, upgradeTransport: http1Only(t0), endpoints: []*url.URL{u}}
+	up := &upstreams{transport: t0, upgradeTransport: http1Only(t0), endpoints: []*endpoint{newEndpoint(u)}}
 	drain, startDrain := context.WithCancel(context.Background())
 	t.Cleanup(startDrain)
 	a := &Agent{cfg: &Config{}, up: up, metrics: newMetrics(), drain: drain, startDrain: startDrain}

@@ -1,0 +1,598 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"k8s.io/klog/v2"
+)
+
+// staticCert is a certSource with one self-signed certificate for
+// 127.0.0.1.
+type staticCert struct {
+	pair *tls.Certificate
+	pool *x509.CertPool
+}
+
+func newStaticCert(t *testing.T) *staticCert {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "test"},
+		IPAddresses:           []net.IP{net.IPv4(127, 0, 0, 1)},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().Add(time.Hour),
+		KeyUsage:              x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
+		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	return &staticCert{pair: &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, pool: pool}
+}
+
+func (s *staticCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return s.pair, nil
+}
+func (s *staticCert) Ready() error        { return nil }
+func (s *staticCert) Run(context.Context) {}
+
+// testServer is newServer on a loopback TLS listener.
+type testServer struct {
+	addr  string
+	cert  *staticCert
+	srv   *http.Server
+	conns *metrics
+}
+
+func startTestServer(t *testing.T, h http.Handler, limits Limits) *testServer {
+	t.Helper()
+	cert := newStaticCert(t)
+	srv := newServer(h, cert, limits)
+	m := newMetrics()
+	srv.ConnState = m.trackConn
+	srv.ErrorLog = newServerErrorLog(klog.Background())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return &testServer{addr: l.Addr().String(), cert: cert, srv: srv, conns: m}
+}
+
+// client returns an HTTP client for the server, over HTTP/2 or HTTP/1.1.
+func (s *testServer) client(h2 bool) *http.Client {
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.cert.pool}, ForceAttemptHTTP2: h2}
+	if !h2 {
+		tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+	}
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
+// dial opens a raw TLS connection offering protos.
+func (s *testServer) dial(t *testing.T, protos ...string) *tls.Conn {
+	t.Helper()
+	c, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: s.cert.pool, NextProtos: protos})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestServerTLS checks the TLS floor and the offered protocols.
+func TestServerTLS(t *testing.T) {
+	s := startTestServer(t, http.NotFoundHandler(), Limits{})
+	for _, tc := range []struct {
+		name   string
+		max    uint16
+		protos []string
+		want   string // negotiated protocol; "" means the handshake fails
+	}{
+		// Given a TLS 1.1 client, then the handshake fails.
+		{"TLS 1.1 refused", tls.VersionTLS11, nil, ""},
+		// Given a TLS 1.2 client offering h2, then h2 is chosen.
+		{"TLS 1.2 h2", tls.VersionTLS12, []string{"h2", "http/1.1"}, "h2"},
+		// Given a client offering only HTTP/1.1, then HTTP/1.1 is chosen.
+		{"TLS 1.3 http/1.1", tls.VersionTLS13, []string{"http/1.1"}, "http/1.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: s.cert.pool, MinVersion: tls.VersionTLS10, MaxVersion: tc.max, NextProtos: tc.protos})
+			if tc.want == "" {
+				if err == nil {
+					c.Close()
+					t.Fatalf("handshake with max version %x succeeded", tc.max)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if got := c.ConnectionState().NegotiatedProtocol; got != tc.want {
+				t.Errorf("negotiated %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestServerHeaderLimit checks the header limit. Over HTTP/1.1 headers
+// above MaxHeaderBytes get 431. Over HTTP/2 net/http stops reading a header
+// block once it is well past the limit and closes the connection
+// (CVE-2023-45288's CONTINUATION flood protection): PROTOCOL_ERROR when the
+// excess arrives in more frames, COMPRESSION_ERROR for a single field
+// longer than the limit; kube-apiserver, on the same server, does the same.
+// Either way the agent keeps serving other clients.
+func TestServerHeaderLimit(t *testing.T) {
+	s := startTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}), Limits{})
+	for _, tc := range []struct {
+		size   int
+		want   int
+		goaway string // over HTTP/2, in 64 KiB fields
+	}{
+		{512 << 10, http.StatusOK, ""},
+		{2 << 20, http.StatusRequestHeaderFieldsTooLarge, "PROTOCOL_ERROR"},
+	} {
+		t.Run(fmt.Sprintf("http1/%d", tc.size), func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodGet, "https://"+s.addr+"/api/v1/pods", nil)
+			req.Header.Set("X-Big", strings.Repeat("a", tc.size))
+			resp, err := s.client(false).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != tc.want {
+				t.Errorf("%d-byte header: %d, want %d", tc.size, resp.StatusCode, tc.want)
+			}
+		})
+		t.Run(fmt.Sprintf("h2/%d", tc.size), func(t *testing.T) {
+			var fields []string
+			for left := tc.size; left > 0; left -= 64 << 10 {
+				fields = append(fields, strings.Repeat("a", min(left, 64<<10)))
+			}
+			got, goaway := h2BigHeader(t, s.dial(t, "h2"), s.addr, fields)
+			if goaway != tc.goaway || (goaway == "" && got != tc.want) {
+				t.Errorf("%d header bytes: status %d, GOAWAY %q; want status %d or GOAWAY %q", tc.size, got, goaway, tc.want, tc.goaway)
+			}
+		})
+	}
+	if got, goaway := h2BigHeader(t, s.dial(t, "h2"), s.addr, []string{strings.Repeat("a", 2<<20)}); goaway != "COMPRESSION_ERROR" {
+		t.Errorf("one 2 MiB HTTP/2 header field: status %d, GOAWAY %q; want GOAWAY COMPRESSION_ERROR", got, goaway)
+	}
+	resp, err := s.client(true).Get("https://" + s.addr + "/api/v1/pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+}
+
+// h2BigHeader sends one HTTP/2 request with the given x-big-N header values
+// on c and returns the response status, or the GOAWAY error code if the
+// server closed the connection instead.
+func h2BigHeader(t *testing.T, c net.Conn, authority string, values []string) (status int, goaway string) {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, hf := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", authority}, {":path", "/api/v1/pods"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: hf[0], Value: hf[1]})
+	}
+	for i, v := range values {
+		_ = enc.WriteField(hpack.HeaderField{Name: fmt.Sprintf("x-big-%d", i), Value: v})
+	}
+	// The server may answer before the last fragment, so write from a
+	// goroutine.
+	go func() {
+		block := hb.Bytes()
+		const chunk = 16 << 10
+		n := min(chunk, len(block))
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block[:n], EndStream: true, EndHeaders: n == len(block)}); err != nil {
+			return
+		}
+		for rest := block[n:]; len(rest) > 0; {
+			n := min(chunk, len(rest))
+			if err := fr.WriteContinuation(1, n == len(rest), rest[:n]); err != nil {
+				return
+			}
+			rest = rest[n:]
+		}
+	}()
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("reading the answer: %v", err)
+		}
+		// SETTINGS are not acknowledged: a Framer must not be written from
+		// two goroutines, and the server does not insist.
+		switch f := f.(type) {
+		case *http2.MetaHeadersFrame:
+			code, _ := strconv.Atoi(f.PseudoValue("status"))
+			return code, ""
+		case *http2.GoAwayFrame:
+			return 0, f.ErrCode.String()
+		case *http2.RSTStreamFrame:
+			t.Fatalf("RST_STREAM %s instead of an answer", f.ErrCode)
+		}
+	}
+}
+
+// TestServerFraming pins how ambiguous HTTP/1.1 message framing is treated.
+// net/http reads a request with both Content-Length and Transfer-Encoding:
+// chunked as chunked and drops the Content-Length before any handler runs,
+// so the agent cannot see (and does not need to refuse) the combination:
+// the forwarder re-frames every body it relays, and bytes past the chunked
+// body are parsed as the client's next request on its own connection,
+// authenticated as that client. Conflicting Content-Lengths get 400 and
+// transfer codings other than chunked 501.
+func TestServerFraming(t *testing.T) {
+	type seen struct {
+		method, path, body string
+		contentLength      int64
+		clHeader           string
+	}
+	var mu sync.Mutex
+	var got []seen
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, seen{r.Method, r.URL.Path, string(b), r.ContentLength, r.Header.Get("Content-Length")})
+		mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	a := newTestAgent(t, upstream)
+	s := startTestServer(t, a.handler, Limits{})
+
+	for _, tc := range []struct {
+		name string
+		raw  string
+		// want are the status lines the client reads, in order.
+		want []string
+		// upstream is what the upstream received, in order.
+		upstream []seen
+	}{{
+		// Given Content-Length: 4 and chunked, when the chunked body holds
+		// a smuggled request, then the body is read as chunked and the
+		// smuggled bytes become the same client's next request.
+		name: "content-length and chunked",
+		raw: "POST /api/v1/namespaces/a/configmaps HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"5\r\nhello\r\n0\r\n\r\n" +
+			"GET /api/v1/namespaces/b/secrets HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+		want: []string{"HTTP/1.1 201", "HTTP/1.1 201"},
+		upstream: []seen{
+			{"POST", "/api/v1/namespaces/a/configmaps", "hello", -1, ""},
+			{"GET", "/api/v1/namespaces/b/secrets", "", 0, ""},
+		},
+	}, {
+		// Given two different Content-Lengths, then 400 and nothing relayed.
+		name: "conflicting content-lengths",
+		raw:  "POST /api/v1/namespaces/a/configmaps HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nhello",
+		want: []string{"HTTP/1.1 400"},
+	}, {
+		// Given a transfer coding other than chunked, then 501.
+		name: "gzip, chunked",
+		raw:  "POST /api/v1/namespaces/a/configmaps HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+		want: []string{"HTTP/1.1 501"},
+	}, {
+		// Given two Transfer-Encoding fields, then 501.
+		name: "two transfer-encodings",
+		raw:  "POST /api/v1/namespaces/a/configmaps HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		want: []string{"HTTP/1.1 501"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			mu.Lock()
+			got = nil
+			mu.Unlock()
+			c := s.dial(t, "http/1.1")
+			if _, err := io.WriteString(c, tc.raw); err != nil {
+				t.Fatal(err)
+			}
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			br := bufio.NewReader(c)
+			for _, want := range tc.want {
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					t.Fatalf("reading response: %v", err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if line := fmt.Sprintf("HTTP/1.1 %d", resp.StatusCode); line != want {
+					t.Errorf("got %s, want %s", line, want)
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if fmt.Sprint(got) != fmt.Sprint(tc.upstream) {
+				t.Errorf("upstream received %+v, want %+v", got, tc.upstream)
+			}
+		})
+	}
+}
+
+// TestServerSlowloris checks that connections trickling their headers are
+// closed at the header timeout while other clients are served.
+func TestServerSlowloris(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	s := startTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}), Limits{ReadHeaderTimeout: timeout})
+	const n = 20
+	closedAfter := make(chan time.Duration, n)
+	for range n {
+		c := s.dial(t, "http/1.1")
+		go func() {
+			start := time.Now()
+			msg := "GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nX-Slow: " + strings.Repeat("a", 100)
+			for i := 0; i < len(msg); i++ {
+				if _, err := c.Write([]byte{msg[i]}); err != nil {
+					break
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			// The server answers 408 or just closes; either way the read
+			// ends.
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			_, _ = io.Copy(io.Discard, c)
+			closedAfter <- time.Since(start)
+		}()
+	}
+	resp, err := s.client(false).Get("https://" + s.addr + "/api/v1/pods")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("legitimate request during slowloris: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	var longest time.Duration
+	for range n {
+		d := <-closedAfter
+		longest = max(longest, d)
+	}
+	t.Logf("%d slow connections closed; the longest lasted %s (header timeout %s)", n, longest.Round(time.Millisecond), timeout)
+	if longest > timeout+2*time.Second {
+		t.Errorf("a slow connection lasted %s, header timeout is %s", longest, timeout)
+	}
+}
+
+// TestServerRapidReset pins net/http's HTTP/2 rapid-reset protection
+// (CVE-2023-44487): a client that opens streams and resets them at once
+// cannot run more handlers than the stream limit at a time, gets its
+// connection closed when it keeps going, and other clients are served.
+func TestServerRapidReset(t *testing.T) {
+	const maxStreams = 10
+	var running, peak, total atomic.Int32
+	s := startTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := running.Add(1)
+		total.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		// Work that does not notice the reset at once, as a relayed
+		// request does not until its upstream answers.
+		time.Sleep(20 * time.Millisecond)
+		running.Add(-1)
+	}), Limits{HTTP2MaxStreams: maxStreams})
+
+	sent, goaway := rapidReset(t, s.dial(t, "h2"), s.addr, 5000)
+	t.Logf("sent %d HEADERS+RST_STREAM pairs; GOAWAY: %s; handlers run: %d, at most %d at once", sent, goaway, total.Load(), peak.Load())
+	if peak.Load() > maxStreams {
+		t.Errorf("%d handlers ran at once, stream limit is %d", peak.Load(), maxStreams)
+	}
+	if goaway == "" {
+		t.Errorf("the connection survived %d rapid resets", sent)
+	}
+	resp, err := s.client(true).Get("https://" + s.addr + "/api/v1/pods")
+	if err != nil {
+		t.Fatalf("request after the rapid reset: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("request after the rapid reset: %s", resp.Status)
+	}
+}
+
+// rapidReset sends up to n HEADERS+RST_STREAM pairs on c, an HTTP/2
+// connection, and returns how many it sent and how the server cut the
+// connection: its GOAWAY error code, "connection closed" if it closed the
+// connection before a GOAWAY could be read, "" if it did neither.
+func rapidReset(t *testing.T, c net.Conn, authority string, n int) (sent int, goaway string) {
+	t.Helper()
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan string, 1)
+	go func() {
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				done <- "connection closed"
+				return
+			}
+			// SETTINGS are not acknowledged: a Framer must not be
+			// written from two goroutines.
+			if g, ok := f.(*http2.GoAwayFrame); ok {
+				done <- g.ErrCode.String()
+				return
+			}
+		}
+	}()
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, hf := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", authority}, {":path", "/api/v1/pods"}} {
+		_ = enc.WriteField(hpack.HeaderField{Name: hf[0], Value: hf[1]})
+	}
+	block := hb.Bytes()
+	for i := range n {
+		id := uint32(2*i + 1)
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndStream: true, EndHeaders: true}); err != nil {
+			break
+		}
+		if err := fr.WriteRSTStream(id, http2.ErrCodeCancel); err != nil {
+			break
+		}
+		sent++
+	}
+	select {
+	case goaway = <-done:
+	case <-time.After(5 * time.Second):
+	}
+	return sent, goaway
+}
+
+// TestMaxInFlight checks the in-flight bounds: over the bound a short
+// request gets 429 with Retry-After and is counted, while watches are not
+// counted against it.
+func TestMaxInFlight(t *testing.T) {
+	release := make(chan struct{})
+	var arrived sync.WaitGroup
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") == "true" {
+			w.WriteHeader(http.StatusOK)
+			w.(http.Flusher).Flush()
+			return
+		}
+		arrived.Done()
+		<-release
+		w.WriteHeader(http.StatusOK)
+	}))
+	defer upstream.Close()
+	a := newTestAgentWithLimits(t, upstream, Limits{MaxRequestsInFlight: 2, MaxMutatingRequestsInFlight: 1})
+	front := httptest.NewServer(a.handler)
+	defer front.Close()
+
+	// Given two lists and one create held by a slow upstream...
+	arrived.Add(3)
+	results := make(chan int, 3)
+	for _, req := range []struct{ method, path string }{
+		{http.MethodGet, "/api/v1/namespaces/a/pods"},
+		{http.MethodGet, "/api/v1/namespaces/b/pods"},
+		{http.MethodPost, "/api/v1/namespaces/a/configmaps"},
+	} {
+		go func() {
+			r, _ := http.NewRequest(req.method, front.URL+req.path, nil)
+			resp, err := http.DefaultClient.Do(r)
+			if err != nil {
+				results <- 0
+				return
+			}
+			resp.Body.Close()
+			results <- resp.StatusCode
+		}()
+	}
+	arrived.Wait()
+
+	// ...when a third list and a second create arrive, then both get 429
+	// with Retry-After.
+	for _, req := range []struct{ method, path, kind string }{
+		{http.MethodGet, "/api/v1/namespaces/c/pods", "readOnly"},
+		{http.MethodPost, "/api/v1/namespaces/b/configmaps", "mutating"},
+	} {
+		r, _ := http.NewRequest(req.method, front.URL+req.path, nil)
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" {
+			t.Errorf("%s %s over the bound: %d Retry-After=%q, want 429 with Retry-After 1", req.method, req.path, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+		if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("forward", req.kind)); got != 1 {
+			t.Errorf("rejected{kind=%s} = %v, want 1", req.kind, got)
+		}
+	}
+
+	// ...and a watch is still served.
+	resp, err := http.Get(front.URL + "/api/v1/namespaces/a/pods?watch=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("watch while the bound is reached: %d, want 200", resp.StatusCode)
+	}
+
+	close(release)
+	for range 3 {
+		if code := <-results; code != http.StatusOK {
+			t.Errorf("held request: %d, want 200", code)
+		}
+	}
+}
+
+// newTestAgentWithLimits is newTestAgent with limits set.
+func newTestAgentWithLimits(t *testing.T, upstream *httptest.Server, limits Limits) *Agent {
+	t.Helper()
+	a := newTestAgent(t, upstream)
+	a.cfg.Limits = limits
+	a.handler = a.buildHandler()
+	return a
+}
+
+// TestLimitsValidate checks the limits' flag validation.
+func TestLimitsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		mutate func(*Limits)
+		want   string
+	}{
+		{func(*Limits) {}, ""},
+		{func(l *Limits) { l.ReadHeaderTimeout = -time.Second }, "--read-header-timeout"},
+		{func(l *Limits) { l.HTTP2MaxFrameSize = 1000 }, "--http2-max-frame-size"},
+		{func(l *Limits) { l.MaxRequestsInFlight = -1 }, "--max-requests-inflight"},
+		{func(l *Limits) { l.MaxMutatingRequestsInFlight = -1 }, "--max-mutating-requests-inflight"},
+	} {
+		l := DefaultLimits()
+		tc.mutate(&l)
+		err := l.Validate()
+		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("Validate() = %v, want error containing %q", err, tc.want)
+		}
+	}
+}
