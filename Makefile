@@ -2,6 +2,7 @@
 #
 #   make test    unit tests, then the e2e suite against the sandbox cluster
 #   make demo    sandbox + agent + a sample pod; Ctrl-C tears it down
+#   make bench   cached reads through the agent vs direct kube-apiserver
 #
 # Both install what they need on a fresh Debian machine (iptables, ipset,
 # iproute2) and build the control plane (etcd, kube-apiserver,
@@ -12,9 +13,10 @@ GO ?= go
 BIN_DIR ?= $(CURDIR)/_output/bin
 E2E_TIMEOUT ?= 40m
 DEMO_ARGS ?=
+BENCH_ARGS ?=
 IMAGE ?= kube-apicache:latest
 
-.PHONY: all build deps control-plane test unit e2e vet verify-manifests demo image clean
+.PHONY: all build deps control-plane test unit e2e vet verify-manifests demo bench fuzz image clean
 
 all: build
 
@@ -52,11 +54,28 @@ e2e: deps control-plane
 
 # The one command CI runs. Unit and e2e tests run in a single go test
 # invocation so the summary covers both.
-test: deps control-plane vet verify-manifests
+test: deps control-plane vet verify-manifests fuzz
 	KUBE_APICACHE_BIN_DIR=$(BIN_DIR) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) ./...
+
+# Go native fuzz targets, package:target, each run for FUZZ_EXECS inputs
+# (an execution count, not a duration: the fuzz coordinator can fail with a
+# bare "context deadline exceeded" at a duration's deadline). New crashers
+# land in the package's testdata/fuzz and are kept as regression seeds.
+FUZZ_EXECS ?= 3000
+FUZZ_TARGETS ?= ./agent:FuzzForwardRequest ./cache:FuzzCacheDecision
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+	  echo "fuzz $$t ($(FUZZ_EXECS) inputs)"; \
+	  $(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime=$(FUZZ_EXECS)x "$${t%%:*}"; \
+	done
 
 demo: deps control-plane
 	$(GO) run ./e2e/demo --bin-dir $(BIN_DIR) $(DEMO_ARGS)
+
+# Cached reads through the agent against direct kube-apiserver reads, side
+# by side in one sandbox run (needs root). Prints figures, asserts nothing.
+bench: deps control-plane
+	$(GO) run ./e2e/bench --bin-dir $(BIN_DIR) $(BENCH_ARGS)
 
 # Needs a Docker engine.
 image:

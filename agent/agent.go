@@ -16,24 +16,44 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/klog/v2"
 
-	"github.com/kube-apicache/kube-apicache/netrules"
+	apicache "github.com/kube-apicache/kube-apicache/cache"
+	"github.com/kube-apicache/kube-apicache/cache/access"
 )
 
-// Agent runs the proxy and owns its node state (address, chain, jumps).
+// Agent runs the proxy and owns its node state (address, liveness sets,
+// chains, jumps).
 type Agent struct {
 	// Fixed at construction.
-	cfg     *Config
-	cert    *servingCert
-	up      *upstreams
-	metrics *metrics
-	chain   *netrules.ChainSyncer
-	addr    *netrules.LocalAddress
+	cfg          *Config
+	cert         certSource
+	up           *upstreams
+	metrics      *metrics
+	interception *interceptionMetrics
+	// planes holds one redirect per IP family among the Service VIPs, each
+	// with its own listen address.
+	planes  []*dataplane
+	backend string
+	probes  *probes
 	handler http.Handler
+	// cache answers covered reads; nil when no resource is cached.
+	cache *apicache.Cache
+	// syncNow asks the run loop for a sync before the next tick.
+	syncNow chan struct{}
 	// drain is cancelled when shutdown starts, which ends open watches so
 	// their clients reconnect, now past the removed redirect.
 	drain      context.Context
 	startDrain context.CancelFunc
 	now        func() time.Time
+
+	// planeMu serializes changes to the dataplanes: syncs, liveness
+	// refreshes and removal. A refresh never runs between a failed check
+	// and the removal it causes. It also protects the fields below.
+	planeMu sync.Mutex
+	// selfCheckErr is the last failed self-check; the redirect is not
+	// installed again before retryAt. retryWait doubles with each failure.
+	selfCheckErr error
+	retryAt      time.Time
+	retryWait    time.Duration
 
 	mu sync.Mutex // protects the field below
 	// notReady is why the agent is not intercepting; nil while it is.
@@ -41,9 +61,10 @@ type Agent struct {
 }
 
 // New checks cfg and loads what the agent needs from disk. It changes
-// nothing on the node. ipt and nl are the kernel interfaces to manage rules
-// and the listen address with.
-func New(cfg *Config, ipt netrules.IPTables, nl netrules.Netlink) (*Agent, error) {
+// nothing on the node, except that on failure it removes what a dead
+// predecessor left (see removeStale). k holds the kernel interfaces for
+// rules, sets and the listen address.
+func New(cfg *Config, k Kernel) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -51,19 +72,29 @@ func New(cfg *Config, ipt netrules.IPTables, nl netrules.Netlink) (*Agent, error
 	a := &Agent{
 		cfg:        cfg,
 		metrics:    newMetrics(),
-		chain:      netrules.NewChainSyncer(ipt, redirectChain(cfg)),
-		addr:       netrules.NewLocalAddress(nl, cfg.ListenLink, cfg.ListenAddress.Addr()),
+		backend:    k.Backend,
+		probes:     newProbes(),
+		syncNow:    make(chan struct{}, 1),
 		drain:      drain,
 		startDrain: startDrain,
 		now:        time.Now,
 		notReady:   errors.New("starting"),
 	}
 	var err error
-	if a.cert, err = newServingCert(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
+	if a.planes, err = newDataplanes(cfg, k); err != nil {
+		return nil, err
+	}
+	if a.cert, err = a.newCertSource(); err != nil {
 		a.removeStale()
 		return nil, err
 	}
 	if a.up, err = newUpstreams(cfg); err != nil {
+		a.removeStale()
+		return nil, err
+	}
+	a.up.onChange = a.requestSync
+	a.interception = newInterceptionMetrics(a.metrics.registry, a.up)
+	if err := a.newCache(); err != nil {
 		a.removeStale()
 		return nil, err
 	}
@@ -73,7 +104,22 @@ func New(cfg *Config, ipt netrules.IPTables, nl netrules.Netlink) (*Agent, error
 
 // buildHandler assembles the request path once, at start-up.
 func (a *Agent) buildHandler() http.Handler {
-	forward := a.metrics.instrument("forward", newForwarder(a.up))
+	lim := a.cfg.Limits
+	var observe func(*http.Response)
+	if a.cache != nil {
+		observe = a.cache.ObserveWrite
+	}
+	forward := a.metrics.instrument("forward",
+		a.limitInFlight("forward", newForwarder(a.up, observe), lim.MaxRequestsInFlight, lim.MaxMutatingRequestsInFlight))
+	if a.cache != nil {
+		// Covered reads of authorized callers are answered from the cache;
+		// everything else goes to forward unchanged.
+		// Cached reads have an in-flight bound of their own, so a slow
+		// upstream holding forwarded reads cannot starve them.
+		forward = a.cache.Handler(forward, func(h http.Handler) http.Handler {
+			return a.metrics.instrument("cache", a.limitInFlight("cache", h, lim.MaxRequestsInFlight, 0))
+		})
+	}
 	return withRequestInfo(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if info, ok := request.RequestInfoFrom(r.Context()); ok && info.Verb == "watch" {
 			ctx, cancel := context.WithCancel(r.Context())
@@ -106,21 +152,30 @@ func (a *Agent) setNotReady(err error) {
 
 // Run starts the agent and blocks until ctx ends, then shuts down
 // gracefully. Start-up runs in an order that leaves the node untouched on
-// any failure: bind the listener, check the upstream, and only then add the
-// address and the redirect. An error returned before interception started
-// means nothing was changed on the node.
+// any failure: bind the listener, check the upstream, serve, and only once
+// the listener answers, the certificate is ready and an upstream is healthy
+// add the address, the liveness set and the redirect, and check that the
+// redirect really lands here. An error returned before interception started
+// means nothing of this process is left on the node.
 func (a *Agent) Run(ctx context.Context) (err error) {
 	logger := klog.FromContext(ctx)
+	shutDown := false
 	defer func() {
-		if err != nil {
+		if err != nil && !shutDown {
 			a.removeStale()
 		}
 	}()
-	l, err := listen(ctx, a.cfg.ListenAddress.String())
-	if err != nil {
-		return err
+	// One listener per family, on the address that family's VIPs are
+	// redirected to.
+	var ls []net.Listener
+	for _, d := range a.planes {
+		l, err := listen(ctx, d.listen.String())
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		ls = append(ls, l)
 	}
-	defer l.Close()
 	var ml net.Listener
 	if a.cfg.MetricsBindAddress != "" {
 		if ml, err = net.Listen("tcp", a.cfg.MetricsBindAddress); err != nil {
@@ -138,25 +193,36 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 
 	certCtx, stopCert := context.WithCancel(ctx)
 	defer stopCert()
-	go a.cert.run(certCtx)
+	go a.cert.Run(certCtx)
 
-	srv := newServer(a.handler, a.cert)
+	srv := newServer(a.handler, probingCert{certSource: a.cert, probes: a.probes}, a.cfg.Limits)
 	srv.ErrorLog = newServerErrorLog(logger)
-	serveErr := make(chan error, 2)
-	go func() { serveErr <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
+	srv.ConnState = a.metrics.trackConn
+	serveErr := make(chan error, len(ls)+1)
+	for _, l := range ls {
+		go func() { serveErr <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
+	}
 	if ml != nil {
 		msrv := &http.Server{Handler: a.metrics.handler(a.Ready), ReadHeaderTimeout: 10 * time.Second}
 		go func() { serveErr <- msrv.Serve(ml) }()
 		defer msrv.Close()
 	}
 
-	if err := a.sync(ctx); err != nil {
+	// The background loops stop before shutdown touches the dataplanes.
+	loops, stopLoops := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { stopLoops(); wg.Wait() }()
+	wg.Go(func() { a.up.run(loops, a.cfg.UpstreamHealthPeriod) })
+	wg.Go(func() { a.watchEndpoints(loops) })
+	if a.cache != nil {
+		wg.Go(func() { a.cache.Run(loops) })
+	}
+
+	if err := a.syncAndReport(ctx); err != nil {
 		_ = srv.Close()
 		return fmt.Errorf("installing redirect: %w", err)
 	}
-	a.setNotReady(nil)
-	logger.Info("Intercepting the kubernetes Service", "vips", a.cfg.ServiceVIPs, "port", a.cfg.ServicePort,
-		"listen", a.cfg.ListenAddress, "link", a.addr.Link(), "upstream", a.up.pick().Host)
+	wg.Go(func() { a.runLiveness(loops) })
 
 	ticker := time.NewTicker(a.cfg.SyncPeriod)
 	defer ticker.Stop()
@@ -170,68 +236,196 @@ loop:
 			runErr = fmt.Errorf("serving: %w", err)
 			break loop
 		case <-ticker.C:
-			if err := a.sync(ctx); err != nil {
-				// Fail open: a redirect the agent cannot vouch for (say, to
-				// an address it could not restore) must not stay.
-				logger.Error(err, "Syncing redirect failed; handing the VIP back to kube-proxy until a sync succeeds")
-				a.setNotReady(fmt.Errorf("sync failed: %w", err))
-				if err := a.chain.Remove(); err != nil {
+		case <-a.syncNow:
+		}
+		if err := a.syncAndReport(ctx); err != nil {
+			// Fail open: a redirect the agent cannot vouch for (say, to an
+			// address it could not restore) must not stay.
+			logger.Error(err, "Syncing redirect failed; handing the VIP back to kube-proxy until a sync succeeds")
+			a.planeMu.Lock()
+			a.clearEntries(logger)
+			for _, d := range a.planes {
+				if err := d.chain.Remove(); err != nil {
 					logger.Error(err, "Removing redirect rules")
 				}
-			} else if a.Ready() != nil {
-				logger.Info("Redirect restored")
-				a.setNotReady(nil)
 			}
+			a.planeMu.Unlock()
 		}
 	}
+	stopLoops()
+	wg.Wait()
+	shutDown = true
 	a.shutdown(logger, srv)
 	return runErr
 }
 
-// sync reconciles the listen address and the redirect chain. The address
-// comes first: a redirect to an address that is not there would black-hole
-// traffic.
-func (a *Agent) sync(ctx context.Context) error {
+// syncAndReport runs one sync and keeps readiness and metrics in step with
+// its outcome. It returns only errors of the kernel state (the caller fails
+// open); an unhealthy agent or a failed self-check is a not-ready agent, not
+// an error.
+func (a *Agent) syncAndReport(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	start := a.now()
-	added, err := a.addr.Sync()
+	a.planeMu.Lock()
+	defer a.planeMu.Unlock()
+	was := a.Ready()
+	wasReady := was == nil
+	notReady, err := a.sync(ctx)
 	if err != nil {
-		a.metrics.ruleSyncs.WithLabelValues("error").Inc()
+		a.setNotReady(fmt.Errorf("sync failed: %w", err))
 		return err
 	}
-	res, err := a.chain.Sync()
-	if err != nil {
-		a.metrics.ruleSyncs.WithLabelValues("error").Inc()
-		return err
-	}
-	if added || res.Changed() {
-		a.metrics.ruleSyncs.WithLabelValues("repaired").Inc()
-		logger.V(2).Info("Synced redirect", "addressAdded", added, "chainCreated", res.ChainCreated,
-			"rulesRewritten", res.RulesRewritten, "jumpsFixed", res.JumpsFixed, "elapsed", a.now().Sub(start))
-	} else {
-		a.metrics.ruleSyncs.WithLabelValues("unchanged").Inc()
-		logger.V(4).Info("Redirect in sync", "elapsed", a.now().Sub(start))
+	a.setNotReady(notReady)
+	switch {
+	case notReady == nil && !wasReady:
+		logger.Info("Intercepting the kubernetes Service", "vips", a.cfg.ServiceVIPs, "port", a.cfg.ServicePort,
+			"listen", a.cfg.ListenAddresses(), "link", a.planes[0].addr.Link(), "upstream", a.up.pick().Host,
+			"iptablesBackend", a.backend, "livenessTimeout", a.cfg.LivenessTimeout)
+	case notReady != nil && wasReady:
+		logger.Error(notReady, "Not intercepting; the kubernetes Service goes to kube-proxy's path")
+	case notReady != nil && notReady.Error() != was.Error():
+		logger.Info("Not intercepting", "reason", notReady.Error())
+	case notReady != nil:
+		logger.V(2).Info("Still not intercepting", "reason", notReady.Error())
 	}
 	return nil
 }
 
+// sync is the one idempotent reconciliation of the node state, run on a
+// timer and whenever something changed. a.planeMu must be held.
+//
+//  1. The listen address of each family (a redirect to a missing address
+//     would black-hole traffic; the address alone attracts nothing).
+//  2. Health: certificate, upstream. Unhealthy: the liveness entries go,
+//     the rest stays, and the agent reports why (notReady).
+//  3. Per family whose listener completes a handshake: liveness set, chain
+//     (iptables or ip6tables), jumps at position 1. A family whose listener
+//     does not loses its entries and is reported in notReady; the other
+//     family is still intercepted.
+//  4. Refresh the entries, then check that an unmarked connection to each
+//     VIP lands here. If not, the redirect is removed again, notReady says
+//     why, and the next attempt waits (the sync period, doubling up to
+//     five minutes).
+//
+// err reports kernel state that could not be made right.
+func (a *Agent) sync(ctx context.Context) (notReady, err error) {
+	logger := klog.FromContext(ctx)
+	start := a.now()
+	repaired := false
+	defer func() {
+		switch {
+		case err != nil:
+			a.metrics.ruleSyncs.WithLabelValues("error").Inc()
+		case repaired:
+			a.metrics.ruleSyncs.WithLabelValues("repaired").Inc()
+		default:
+			a.metrics.ruleSyncs.WithLabelValues("unchanged").Inc()
+		}
+	}()
+	added := make([]bool, len(a.planes))
+	for i, d := range a.planes {
+		if added[i], err = d.addr.Sync(); err != nil {
+			return nil, err
+		}
+		repaired = repaired || added[i]
+	}
+	if err := a.health(); err != nil {
+		a.clearEntries(logger)
+		return fmt.Errorf("unhealthy: %w", err), nil
+	}
+	if a.selfCheckErr != nil && a.now().Before(a.retryAt) {
+		// The redirect did not take effect last time: stay out until the
+		// retry is due, rather than redirect in vain on every sync.
+		return a.selfCheckErr, nil
+	}
+	var up []*dataplane
+	var down []error
+	for i, d := range a.planes {
+		if err := a.listenerHealth(ctx, d); err != nil {
+			if cerr := d.clear(); cerr != nil {
+				return nil, cerr
+			}
+			down = append(down, err)
+			continue
+		}
+		setCreated, res, err := d.sync()
+		if err != nil {
+			return nil, err
+		}
+		if setCreated || res.Changed() {
+			repaired = true
+			logger.V(2).Info("Synced redirect", "family", d.family.String(), "addressAdded", added[i], "setCreated", setCreated,
+				"chainCreated", res.ChainCreated, "rulesRewritten", res.RulesRewritten, "jumpsFixed", res.JumpsFixed,
+				"elapsed", a.now().Sub(start))
+		}
+		up = append(up, d)
+	}
+	for _, d := range up {
+		if err := d.refresh(); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range up {
+		for _, vip := range d.vips {
+			if err := a.selfCheck(ctx, vip, a.probeTimeout()); err != nil {
+				a.interception.selfChecks.WithLabelValues("failed").Inc()
+				a.clearEntries(logger)
+				for _, d := range a.planes {
+					if rerr := d.chain.Remove(); rerr != nil {
+						return nil, errors.Join(err, rerr)
+					}
+				}
+				a.retryWait = min(max(2*a.retryWait, a.cfg.SyncPeriod), maxSelfCheckRetry)
+				a.retryAt = a.now().Add(a.retryWait)
+				a.selfCheckErr = fmt.Errorf("self-check failed, redirect removed, next attempt in %s: %w", a.retryWait, err)
+				return a.selfCheckErr, nil
+			}
+			a.interception.selfChecks.WithLabelValues("ok").Inc()
+		}
+	}
+	for _, d := range up {
+		d.active = true
+	}
+	a.selfCheckErr, a.retryWait = nil, 0
+	if !repaired {
+		logger.V(4).Info("Redirect in sync", "elapsed", a.now().Sub(start))
+	}
+	if err := joinOneLine(down); err != nil {
+		return fmt.Errorf("unhealthy: %w", err), nil
+	}
+	return nil, nil
+}
+
+// maxSelfCheckRetry bounds the wait between attempts to install a redirect
+// that failed its self-check.
+const maxSelfCheckRetry = 5 * time.Minute
+
 // shutdown hands the VIP back to kube-proxy's path, then lets in-flight
-// requests finish within the grace period. New connections stop arriving as
-// soon as the jumps are gone; established ones keep their NAT mapping, so
-// the address stays until the server has stopped, and stays for good if the
-// jumps could not be removed (a redirect to a missing address would
-// black-hole traffic).
+// requests finish within the grace period. The liveness entries go first
+// (new connections take kube-proxy's path at once), then the jumps, chain
+// and set. Established connections keep their NAT mapping, so the address
+// stays until the server has stopped; it stays for good if the jumps could
+// not be removed (a redirect to a missing address would black-hole
+// traffic), or if a successor has installed its redirect meanwhile.
 func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 	a.setNotReady(errors.New("shutting down"))
+	a.planeMu.Lock()
+	a.clearEntries(logger)
 	removed := false
 	for i := 0; i < 3 && !removed; i++ {
-		if err := a.chain.Remove(); err != nil {
+		var errs []error
+		for _, d := range a.planes {
+			if err := d.remove(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := errors.Join(errs...); err != nil {
 			logger.Error(err, "Removing redirect rules", "attempt", i+1)
 			time.Sleep(time.Second)
 			continue
 		}
 		removed = true
 	}
+	a.planeMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGracePeriod)
 	defer cancel()
 	done := make(chan error, 1)
@@ -250,23 +444,63 @@ func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 		logger.Info("Redirect rules could not be removed; leaving the listen address in place")
 		return
 	}
-	if err := a.addr.Remove(); err != nil {
-		logger.Error(err, "Removing listen address")
+	for _, d := range a.planes {
+		if present, err := d.chain.Present(); err != nil || present {
+			logger.Info("A successor's redirect is in place; leaving the listen addresses to it")
+			return
+		}
+	}
+	for _, d := range a.planes {
+		if err := d.addr.Remove(); err != nil {
+			logger.Error(err, "Removing listen address", "address", d.listen.Addr())
+		}
 	}
 	logger.Info("Stopped; the kubernetes Service goes straight to kube-apiserver again")
 }
 
-// removeStale removes a redirect and address left on the node, by this
-// process's failed start or by an earlier instance that died: with no agent
-// serving, the VIP must go straight to kube-apiserver. It creates nothing,
-// so on a clean node it changes nothing.
+// removeStale removes liveness sets, redirects and the address left on the
+// node, by this process's failed start or by an earlier instance that
+// died: with no agent serving, the VIP must go straight to kube-apiserver.
+// It creates nothing, so on a clean node it changes nothing.
 func (a *Agent) removeStale() {
 	logger := klog.Background()
-	if err := a.chain.Remove(); err != nil {
-		logger.Error(err, "Removing stale redirect rules")
-		return // keep the address the remaining jumps point to
+	a.planeMu.Lock()
+	defer a.planeMu.Unlock()
+	for _, d := range a.planes {
+		if err := d.remove(); err != nil {
+			logger.Error(err, "Removing stale redirect rules")
+			return // keep the addresses the remaining jumps point to
+		}
 	}
-	if err := a.addr.Remove(); err != nil {
-		logger.Error(err, "Removing stale listen address")
+	for _, d := range a.planes {
+		if err := d.addr.Remove(); err != nil {
+			logger.Error(err, "Removing stale listen address", "address", d.listen.Addr())
+		}
 	}
+}
+
+// newCache builds the node-local cache and the reviewer that guards it,
+// both with the agent's own client configuration. It does nothing when no
+// resource is to be cached.
+func (a *Agent) newCache() error {
+	if len(a.cfg.CacheResources) == 0 {
+		return nil
+	}
+	reviewer, err := access.New(a.restConfig(), access.Options{})
+	if err != nil {
+		return fmt.Errorf("access reviews: %w", err)
+	}
+	if err := reviewer.Metrics().Register(a.metrics.registry); err != nil {
+		return fmt.Errorf("registering review metrics: %w", err)
+	}
+	a.cache, err = apicache.New(apicache.Config{
+		NodeName:               a.cfg.NodeName,
+		Resources:              a.cfg.CacheResources,
+		RESTConfig:             a.restConfig(),
+		Reviewer:               reviewer,
+		WaitTimeout:            a.cfg.CacheWaitTimeout,
+		ForwardConsistentReads: a.cfg.CacheForwardConsistentReads,
+		Registerer:             a.metrics.registry,
+	})
+	return err
 }

@@ -7,6 +7,12 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/kube-apicache/kube-apicache/agent/identity"
+	"github.com/kube-apicache/kube-apicache/cache"
+	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
 // Config holds everything the agent needs to run. The command line fills it
@@ -16,9 +22,16 @@ type Config struct {
 	NodeName string
 
 	// ListenAddress is the local address the agent serves TLS on and that
-	// the Service VIP is redirected to. It is added to the node by the
+	// the IPv4 Service VIP is redirected to. It is added to the node by the
 	// agent; a link-local address keeps it off every network.
 	ListenAddress netip.AddrPort
+	// ListenAddressIPv6 is the same for the IPv6 Service VIP of a
+	// dual-stack (or IPv6) cluster; it is used only when a Service VIP is
+	// IPv6. It must be an address the kernel delivers locally from any
+	// interface: IPv6 link-local (fe80::/10) is bound to one link and
+	// loopback (::1) is never accepted from outside it, so a unique local
+	// address (fc00::/7) no network of the cluster uses is the choice.
+	ListenAddressIPv6 netip.AddrPort
 	// ListenLink is the dummy link that holds ListenAddress, where the
 	// kernel supports dummy links; otherwise it goes on loopback.
 	ListenLink string
@@ -39,16 +52,46 @@ type Config struct {
 	UpstreamServerName string
 	// UpstreamCheckTimeout bounds the start-up health check of the upstream.
 	UpstreamCheckTimeout time.Duration
+	// TokenFile is the agent's own ServiceAccount token, used only for the
+	// agent's own requests (informers, reviews, CSRs), never for forwarded
+	// ones.
+	TokenFile string
 	// SocketMark is set (SO_MARK) on every upstream socket, and packets
 	// carrying it skip the redirect. 0 disables marking.
 	SocketMark uint32
 
 	// TLSCertFile and TLSKeyFile hold the serving certificate chain and key.
+	// Both empty: the certificate is obtained through the CSR API instead.
 	TLSCertFile string
 	TLSKeyFile  string
+	// PodCAFile is the CA bundle pods verify the agent with: their
+	// ServiceAccount ca.crt, filled by the kubelet from kube-root-ca.crt.
+	// The serving certificate must verify against it before the agent
+	// intercepts. Empty means DefaultPodCAFile.
+	PodCAFile string
+	// ClusterDomain is the cluster's DNS domain, for the
+	// kubernetes.default.svc.<domain> name in the serving certificate.
+	// Empty means DefaultClusterDomain.
+	ClusterDomain string
+	// CertificateLifetime is the lifetime requested for a CSR-issued
+	// serving certificate (CSR spec.expirationSeconds). Zero means
+	// DefaultCertificateLifetime.
+	CertificateLifetime time.Duration
 
 	// Chain is the nat chain the agent owns.
 	Chain string
+	// IPTablesBackend is "auto", "legacy" or "nft": which iptables the
+	// rules are written with. auto follows kube-proxy.
+	IPTablesBackend string
+	// LivenessSet names the ipset (one per IP family; the IPv6 one gets a
+	// "6" suffix) whose entry for a VIP must be alive for the redirect of
+	// that VIP to apply: the kernel-enforced dead-man switch.
+	LivenessSet string
+	// LivenessTimeout is how long an entry lives after its last refresh;
+	// the agent refreshes it several times per timeout while healthy.
+	LivenessTimeout time.Duration
+	// UpstreamHealthPeriod is how often each upstream endpoint is checked.
+	UpstreamHealthPeriod time.Duration
 	// SyncPeriod is how often the rules and address are reconciled.
 	SyncPeriod time.Duration
 
@@ -59,18 +102,43 @@ type Config struct {
 	// ShutdownGracePeriod bounds how long in-flight requests and watches
 	// may run after the redirect is removed on shutdown.
 	ShutdownGracePeriod time.Duration
+
+	// Limits bound what clients can make the agent hold (limits.go).
+	Limits Limits
+
+	// CacheResources are the resources whose covered reads are answered
+	// from the node-local cache; empty disables the cache.
+	CacheResources []cache.ResourceSpec
+	// CacheWaitTimeout bounds how long a read waits for the cache to reach
+	// the resourceVersion it needs before it is forwarded.
+	CacheWaitTimeout time.Duration
+	// CacheForwardConsistentReads forwards every read with
+	// resourceVersion="" instead of answering it from the cache.
+	CacheForwardConsistentReads bool
 }
 
 // Default values for Config fields.
 const (
 	DefaultListenAddress        = "169.254.25.10:10443"
+	DefaultListenAddressIPv6    = "[fd00:169:254:25::10]:10443"
 	DefaultListenLink           = "kube-apicache0"
 	DefaultServiceVIP           = "10.96.0.1"
 	DefaultServicePort          = 443
 	DefaultUpstreamCAFile       = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
 	DefaultUpstreamCheckTimeout = 10 * time.Second
+	DefaultTokenFile            = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 	DefaultSocketMark           = 0x1000
 	DefaultChain                = "KUBE-APICACHE"
+	DefaultPodCAFile            = DefaultUpstreamCAFile
+	DefaultClusterDomain        = "cluster.local"
+	DefaultCertificateLifetime  = 24 * time.Hour
+	// DefaultAgentServiceAccount is the agents' ServiceAccount in the
+	// shipped manifests, NAMESPACE/NAME.
+	DefaultAgentServiceAccount  = "kube-apicache/kube-apicache"
+	DefaultIPTablesBackend      = "auto"
+	DefaultLivenessSet          = "KUBE-APICACHE-LIVE"
+	DefaultLivenessTimeout      = 5 * time.Second
+	DefaultUpstreamHealthPeriod = 2 * time.Second
 	DefaultSyncPeriod           = 10 * time.Second
 	DefaultMetricsBindAddress   = "127.0.0.1:10445"
 	DefaultShutdownGracePeriod  = 30 * time.Second
@@ -94,8 +162,12 @@ func (c *Config) Validate() error {
 		return errors.New("--service-port must be 1-65535")
 	case len(c.Upstreams) == 0:
 		return errors.New("--upstream is required")
-	case c.TLSCertFile == "" || c.TLSKeyFile == "":
-		return errors.New("--tls-cert-file and --tls-private-key-file are required")
+	case (c.TLSCertFile == "") != (c.TLSKeyFile == ""):
+		return errors.New("--tls-cert-file and --tls-private-key-file go together (neither: the certificate is requested through the CSR API)")
+	case c.ClusterDomain != "" && len(validation.IsDNS1123Subdomain(c.ClusterDomain)) > 0:
+		return fmt.Errorf("--cluster-domain %q must be a DNS subdomain", c.ClusterDomain)
+	case c.CertificateLifetime != 0 && c.CertificateLifetime < identity.MinLifetime:
+		return fmt.Errorf("--certificate-lifetime must be at least %s, the signers' floor", identity.MinLifetime)
 	case c.Chain == "" || len(c.Chain) > 28:
 		return errors.New("--iptables-chain must be 1-28 characters")
 	case builtinChains[c.Chain] || (strings.HasPrefix(c.Chain, "KUBE-") && !strings.HasPrefix(c.Chain, "KUBE-APICACHE")):
@@ -103,19 +175,46 @@ func (c *Config) Validate() error {
 	case c.ListenLink == "" || len(c.ListenLink) > 15 || strings.ContainsAny(c.ListenLink, "/ "):
 		return errors.New("--listen-link must be a valid link name of 1-15 characters")
 	case !c.ListenAddress.Addr().Is4():
-		return errors.New("--listen-address must be IPv4; IPv6 is not supported yet")
+		return fmt.Errorf("--listen-address %s must be IPv4 (IPv6: --listen-address-ipv6)", c.ListenAddress.Addr())
 	case c.ListenAddress.Addr().IsLoopback():
 		return errors.New("--listen-address must not be a loopback address: the kernel drops pod traffic DNATed to loopback")
+	case c.hasFamily(netrules.IPv6) && !c.ListenAddressIPv6.IsValid():
+		return errors.New("--listen-address-ipv6 is required when a --service-vip is IPv6")
+	}
+	if err := c.validateListenIPv6(); err != nil {
+		return err
+	}
+	switch {
+	case c.LivenessSet == "" || len(c.LivenessSet) > 30 || strings.ContainsAny(c.LivenessSet, " \t\"'"):
+		return errors.New("--liveness-set must be 1-30 characters without spaces or quotes")
+	case c.LivenessTimeout < 2*time.Second || c.LivenessTimeout > time.Hour:
+		return errors.New("--liveness-timeout must be between 2s and 1h: the kernel counts whole seconds and the agent refreshes several times per timeout")
+	case c.IPTablesBackend != "auto" && c.IPTablesBackend != "legacy" && c.IPTablesBackend != "nft":
+		return fmt.Errorf("--iptables-backend %q must be auto, legacy or nft", c.IPTablesBackend)
+	case c.UpstreamHealthPeriod <= 0:
+		return errors.New("--upstream-health-period must be positive")
 	case c.SyncPeriod <= 0:
 		return errors.New("--sync-period must be positive")
 	case c.UpstreamCheckTimeout <= 0:
 		return errors.New("--upstream-check-timeout must be positive")
 	case c.ShutdownGracePeriod < 0:
 		return errors.New("--shutdown-grace-period must not be negative")
+	case len(c.CacheResources) > 0 && (c.CacheWaitTimeout <= 0 || c.CacheWaitTimeout > time.Minute):
+		return errors.New("--cache-wait-timeout must be positive and at most 1m")
 	}
-	for _, vip := range c.ServiceVIPs {
-		if vip.Is4() != c.ListenAddress.Addr().Is4() {
-			return fmt.Errorf("--service-vip %s and --listen-address %s must be of the same IP family", vip, c.ListenAddress.Addr())
+	if err := c.Limits.Validate(); err != nil {
+		return err
+	}
+	for i, vip := range c.ServiceVIPs {
+		for _, other := range c.ServiceVIPs[:i] {
+			if other.Unmap() == vip.Unmap() {
+				return fmt.Errorf("--service-vip %s is given twice", vip)
+			}
+		}
+		for _, ap := range []netip.AddrPort{c.ListenAddress, c.ListenAddressIPv6} {
+			if ap.IsValid() && vip.Unmap() == ap.Addr() {
+				return fmt.Errorf("--service-vip %s is a listen address of the agent", vip)
+			}
 		}
 	}
 	for _, u := range c.Upstreams {
@@ -129,10 +228,77 @@ func (c *Config) Validate() error {
 					return fmt.Errorf("--upstream %s is the Service VIP: the agent must dial apiserver endpoints directly", u.Host)
 				}
 			}
-			if ip == c.ListenAddress.Addr() {
+			if ip == c.ListenAddress.Addr() || (c.ListenAddressIPv6.IsValid() && ip == c.ListenAddressIPv6.Addr()) {
 				return fmt.Errorf("--upstream %s is the agent's own listen address", u.Host)
 			}
 		}
 	}
 	return nil
+}
+
+// validateListenIPv6 checks the IPv6 listen address, when one is set.
+func (c *Config) validateListenIPv6() error {
+	ap := c.ListenAddressIPv6
+	ip := ap.Addr()
+	switch {
+	case !ap.IsValid():
+		return nil
+	case ap.Port() == 0:
+		return errors.New("--listen-address-ipv6 must be an [IP]:port")
+	case !ip.Is6() || ip.Is4In6():
+		return fmt.Errorf("--listen-address-ipv6 %s must be IPv6 (IPv4: --listen-address)", ip)
+	case ip.Zone() != "":
+		return fmt.Errorf("--listen-address-ipv6 %s must not have a zone", ip)
+	case ip.IsUnspecified():
+		return errors.New("--listen-address-ipv6 must be a specific IP, not a wildcard")
+	case ip.IsLoopback():
+		return errors.New("--listen-address-ipv6 must not be loopback: the kernel drops pod traffic DNATed to ::1")
+	case ip.IsLinkLocalUnicast():
+		return errors.New("--listen-address-ipv6 must not be link-local: an fe80:: address belongs to one link and cannot take DNATed pod traffic; use a unique local address (fd00::/8)")
+	case ip.IsMulticast():
+		return errors.New("--listen-address-ipv6 must be a unicast address")
+	}
+	return nil
+}
+
+// hasFamily reports whether a Service VIP is of family f.
+func (c *Config) hasFamily(f netrules.Family) bool {
+	for _, vip := range c.ServiceVIPs {
+		if netrules.FamilyOf(vip) == f {
+			return true
+		}
+	}
+	return false
+}
+
+// listenAddress returns the listen address of family f.
+func (c *Config) listenAddress(f netrules.Family) netip.AddrPort {
+	if f == netrules.IPv6 {
+		return c.ListenAddressIPv6
+	}
+	return c.ListenAddress
+}
+
+// ListenAddresses returns the listen address of each IP family among the
+// Service VIPs, IPv4 first: the addresses the agent serves on, adds to the
+// node and names in its serving certificate. A family without a VIP has no
+// listener.
+func (c *Config) ListenAddresses() []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, f := range []netrules.Family{netrules.IPv4, netrules.IPv6} {
+		if c.hasFamily(f) {
+			out = append(out, c.listenAddress(f))
+		}
+	}
+	return out
+}
+
+// ListenIPs returns the IPs of ListenAddresses: those the serving
+// certificate names besides the Service's.
+func (c *Config) ListenIPs() []netip.Addr {
+	var out []netip.Addr
+	for _, ap := range c.ListenAddresses() {
+		out = append(out, ap.Addr())
+	}
+	return out
 }

@@ -28,6 +28,10 @@ type metrics struct {
 	requestDuration *prometheus.HistogramVec
 	ruleSyncs       *prometheus.CounterVec
 	ready           prometheus.Gauge
+	// rejected counts requests turned away by the in-flight limits;
+	// openConns is the client connections open now.
+	rejected  *prometheus.CounterVec
+	openConns prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -52,7 +56,15 @@ func newMetrics() *metrics {
 			Help: "1 while the agent intercepts the Service VIP, 0 otherwise.",
 		}),
 	}
-	m.registry.MustRegister(m.requests, m.requestDuration, m.ruleSyncs, m.ready,
+	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_apicache_rejected_requests_total",
+		Help: "Requests answered 429 because too many were in flight, by handler and kind (readOnly, mutating).",
+	}, []string{"handler", "kind"})
+	m.openConns = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "kube_apicache_open_connections",
+		Help: "Client connections open on the serving port, including upgraded ones until they are handed over.",
+	})
+	m.registry.MustRegister(m.requests, m.requestDuration, m.ruleSyncs, m.ready, m.rejected, m.openConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -1,98 +1,66 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
-	"sync"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
-	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+
+	"github.com/kube-apicache/kube-apicache/agent/identity"
 )
 
-// servingCert supplies the TLS serving certificate from files, reloading them
-// when they change (k8s.io/apiserver's dynamic serving content watches them).
-// The parsed pair is cached until the file content changes.
-type servingCert struct {
-	content *dynamiccertificates.DynamicCertKeyPairContent
-
-	mu      sync.Mutex // protects the fields below
-	certPEM []byte
-	pair    *tls.Certificate
+// certSource supplies the serving certificate and says whether it may be
+// used to stand in for kube-apiserver.
+type certSource interface {
+	// GetCertificate is a tls.Config GetCertificate: a rotated certificate
+	// is served to new handshakes while established connections keep theirs.
+	GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// Ready returns nil while the certificate is valid now and trusted by
+	// the pods' CA bundle for every name and IP they dial; else the reason.
+	Ready() error
+	// Run keeps the certificate current until ctx ends.
+	Run(ctx context.Context)
 }
 
-// newServingCert loads and validates the certificate and key files.
-func newServingCert(certFile, keyFile string) (*servingCert, error) {
-	content, err := dynamiccertificates.NewDynamicServingContentFromFiles("serving-cert", certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("loading serving certificate: %w", err)
-	}
-	s := &servingCert{content: content}
-	pair, err := s.current()
-	if err != nil {
-		return nil, err
-	}
-	if now := time.Now(); now.After(pair.Leaf.NotAfter) || now.Before(pair.Leaf.NotBefore) {
-		return nil, fmt.Errorf("serving certificate %s is not valid now (valid %s to %s)", certFile,
-			pair.Leaf.NotBefore.Format(time.RFC3339), pair.Leaf.NotAfter.Format(time.RFC3339))
-	}
-	return s, nil
-}
+// The sources live in package identity: a certificate obtained through the
+// CSR API, or one from files.
+var (
+	_ certSource = (*identity.CSRSource)(nil)
+	_ certSource = (*identity.FileSource)(nil)
+)
 
-// current returns the parsed certificate for the files' present content.
-func (s *servingCert) current() (*tls.Certificate, error) {
-	certPEM, keyPEM := s.content.CurrentCertKeyContent()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.pair != nil && bytes.Equal(certPEM, s.certPEM) {
-		return s.pair, nil
-	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("parsing serving certificate: %w", err)
-	}
-	if pair.Leaf == nil {
-		if pair.Leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
-			return nil, fmt.Errorf("parsing serving certificate: %w", err)
-		}
-	}
-	s.certPEM, s.pair = certPEM, &pair
-	return s.pair, nil
-}
-
-// run watches the files until ctx ends.
-func (s *servingCert) run(ctx context.Context) {
-	s.content.Run(ctx, 1)
-}
-
-// getCertificate is a tls.Config GetCertificate: a rotated certificate is
-// served to new handshakes while established connections keep theirs.
-func (s *servingCert) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	return s.current()
-}
-
-// newServer returns the HTTPS server for handler. HTTP/2 and HTTP/1.1 are
-// offered; there is no write timeout, since watches are long-lived.
-func newServer(handler http.Handler, cert *servingCert) *http.Server {
+// newServer returns the HTTPS server for handler, with kube-apiserver's
+// secure-serving limits unless limits say otherwise: TLS 1.2 or later, ALPN
+// h2 and http/1.1, 1 MiB of headers (431 above), a header read timeout
+// against slowloris, an idle timeout, and bounded HTTP/2 streams, frames and
+// windows. There is no read or write timeout for whole requests, since
+// watches are long-lived.
+//
+// What net/http itself already guarantees, pinned by tests rather than
+// re-implemented: HTTP/2 rapid reset (a client that keeps opening and
+// resetting streams) cannot run more handlers than MaxConcurrentStreams at
+// once and gets its connection closed when it keeps going; a request with
+// both Content-Length and Transfer-Encoding: chunked is read as chunked with
+// the Content-Length dropped, and every body is re-framed by the forwarder,
+// so an ambiguous length never reaches kube-apiserver; conflicting
+// Content-Lengths get 400 and other transfer codings 501.
+func newServer(handler http.Handler, cert certSource, limits Limits) *http.Server {
+	limits = limits.withDefaults()
 	return &http.Server{
 		Handler: handler,
 		TLSConfig: &tls.Config{
 			MinVersion:     tls.VersionTLS12,
 			NextProtos:     []string{"h2", "http/1.1"},
-			GetCertificate: cert.getCertificate,
+			GetCertificate: cert.GetCertificate,
 		},
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       90 * time.Second,
-		MaxHeaderBytes:    1 << 20,
-		HTTP2: &http.HTTP2Config{
-			MaxConcurrentStreams: 1000,
-		},
+		ReadHeaderTimeout: limits.ReadHeaderTimeout,
+		IdleTimeout:       limits.IdleTimeout,
+		MaxHeaderBytes:    limits.MaxHeaderBytes,
+		HTTP2:             limits.http2Config(),
 	}
 }
 

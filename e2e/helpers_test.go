@@ -7,18 +7,19 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
@@ -45,13 +46,24 @@ func startAgent(t *testing.T, ctx context.Context, c *sandbox.Cluster, extra ...
 	if err != nil {
 		t.Fatalf("starting agent: %v", err)
 	}
+	stopOnCleanup(t, a.Process, "agent", 0, 40*time.Second)
+	return a
+}
+
+// stopOnCleanup stops p when the test ends (SIGTERM, then SIGKILL after
+// grace). If the test failed, it first logs p's output as what's log: the
+// last tail lines, or all of it if tail is 0.
+func stopOnCleanup(t *testing.T, p *sandbox.Process, what string, tail int, grace time.Duration) {
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("agent log:\n%s", a.Process.Log())
+			log := p.Log()
+			if tail > 0 {
+				log = tailLines(log, tail)
+			}
+			t.Logf("%s log:\n%s", what, log)
 		}
-		a.Process.Stop(40 * time.Second)
+		p.Stop(grace)
 	})
-	return a
 }
 
 // newClientPod creates a pod whose ServiceAccount may edit its namespace.
@@ -112,53 +124,39 @@ func lineReader(t *testing.T, cmd interface {
 		close(lines)
 	}()
 	return func(substr string, timeout time.Duration) error {
-		deadline := time.After(timeout)
-		var seen []string
-		for {
-			select {
-			case l, ok := <-lines:
-				if !ok {
-					return fmt.Errorf("output ended before %q; saw %q", substr, seen)
-				}
-				if strings.Contains(l, substr) {
-					return nil
-				}
-				seen = append(seen, l)
-			case <-deadline:
-				return fmt.Errorf("no %q within %s; saw %q", substr, timeout, seen)
-			}
+		_, seen, err := awaitLine(lines, timeout, substr, func(l string) bool { return strings.Contains(l, substr) })
+		if err != nil {
+			return fmt.Errorf("%w; saw %q", err, seen)
 		}
+		return nil
 	}
 }
 
-// agentRequests sums kube_apicache_requests_total by verb.
-func agentRequests(t *testing.T, ctx context.Context, a *sandbox.Agent) map[string]float64 {
-	t.Helper()
-	text, err := a.Metrics(ctx)
-	if err != nil {
-		t.Fatalf("reading agent metrics: %v", err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(strings.NewReader(text))
-	if err != nil {
-		t.Fatalf("parsing agent metrics: %v", err)
-	}
-	out := map[string]float64{}
-	if f, ok := families["kube_apicache_requests_total"]; ok {
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "verb" {
-					out[l.GetValue()] += m.GetCounter().GetValue()
-				}
+// awaitLine reads lines until one satisfies match and returns it, with the
+// lines read before it. It fails if lines is closed first or timeout
+// passes; want names the awaited line in the error.
+func awaitLine(lines <-chan string, timeout time.Duration, want string, match func(string) bool) (line string, skipped []string, err error) {
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				return "", skipped, fmt.Errorf("output ended before %q", want)
 			}
+			if match(l) {
+				return l, skipped, nil
+			}
+			skipped = append(skipped, l)
+		case <-deadline:
+			return "", skipped, fmt.Errorf("no %q within %s", want, timeout)
 		}
 	}
-	return out
 }
 
 // vipClient returns an HTTP client that dials from inside pod's network
 // namespace and trusts only the pod's ServiceAccount ca.crt, as an
-// in-cluster client does.
+// in-cluster client does: for the Service VIP, or any kube-apiserver
+// address the pod reaches.
 func vipClient(t *testing.T, pod *sandbox.Pod, http2 bool) *http.Client {
 	t.Helper()
 	pool := podCAPool(t, pod)
@@ -174,9 +172,49 @@ func vipClient(t *testing.T, pod *sandbox.Pod, http2 bool) *http.Client {
 	return &http.Client{Transport: tr, Timeout: 15 * time.Second}
 }
 
+// dialVIP opens a TCP connection from inside pod's network namespace to
+// the kubernetes Service VIP.
+func dialVIP(ctx context.Context, pod *sandbox.Pod) (net.Conn, error) {
+	return pod.NetNS.DialContext(ctx, "tcp", net.JoinHostPort(sandbox.ServiceVIP, strconv.Itoa(sandbox.ServicePort)))
+}
+
 // vipURL is the kubernetes Service as pods address it.
 func vipURL(path string) string {
 	return fmt.Sprintf("https://%s:%d%s", sandbox.ServiceVIP, sandbox.ServicePort, path)
+}
+
+// tailLines returns the last n lines of s, a trailing newline aside.
+func tailLines(s string, n int) string {
+	return strings.Join(lastN(strings.Split(strings.TrimRight(s, "\n"), "\n"), n), "\n")
+}
+
+// lastN returns the last n elements of s, or all of them if there are
+// fewer.
+func lastN(s []string, n int) []string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// auditEvents reads kube-apiserver's audit log and returns the events keep
+// accepts (all of them if keep is nil), in the order they were logged.
+func auditEvents(t *testing.T, c *sandbox.Cluster, keep func(*auditv1.Event) bool) []auditv1.Event {
+	t.Helper()
+	events, err := c.AuditEvents()
+	if err != nil {
+		t.Fatalf("reading the audit log: %v", err)
+	}
+	if keep == nil {
+		return events
+	}
+	var out []auditv1.Event
+	for i := range events {
+		if keep(&events[i]) {
+			out = append(out, events[i])
+		}
+	}
+	return out
 }
 
 // waitExit waits for p to exit and returns its code.

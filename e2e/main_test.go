@@ -84,7 +84,7 @@ func setUp() error {
 	defer cancel()
 	cluster, err = sandbox.Start(ctx, sandbox.Options{
 		BinDir:     binDir,
-		APIServers: 1,
+		APIServers: 2,
 		Logf:       func(f string, a ...any) { fmt.Fprintf(os.Stderr, "e2e: "+f+"\n", a...) },
 	})
 	return err

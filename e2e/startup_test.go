@@ -110,7 +110,7 @@ func TestFailedUpgradeClosesConnection(t *testing.T) {
 	startAgent(t, ctx, c)
 
 	pool := podCAPool(t, pod)
-	raw, err := pod.NetNS.DialContext(ctx, "tcp", fmt.Sprintf("%s:%d", sandbox.ServiceVIP, sandbox.ServicePort))
+	raw, err := dialVIP(ctx, pod)
 	if err != nil {
 		t.Fatal(err)
 	}

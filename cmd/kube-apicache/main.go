@@ -14,12 +14,13 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/coreos/go-iptables/iptables"
 	"github.com/spf13/cobra"
 	"github.com/vishvananda/netlink"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent"
+	"github.com/kube-apicache/kube-apicache/cache"
+	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
 func main() {
@@ -38,9 +39,11 @@ func oneLine(err error) string {
 type options struct {
 	cfg           agent.Config
 	listenAddress string
+	listenIPv6    string
 	serviceVIPs   []string
 	upstreams     []string
 	socketMark    uint32
+	cacheSpec     string
 }
 
 func newCommand() *cobra.Command {
@@ -65,6 +68,7 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	c := &o.cfg
 	fs.StringVar(&c.NodeName, "node-name", os.Getenv("NODE_NAME"), "Name of this node (default $NODE_NAME).")
 	fs.StringVar(&o.listenAddress, "listen-address", agent.DefaultListenAddress, "Local IP:port to serve on; the Service VIP is redirected here. The IP is added to the node by the agent.")
+	fs.StringVar(&o.listenIPv6, "listen-address-ipv6", agent.DefaultListenAddressIPv6, "Local [IP]:port the IPv6 Service VIP is redirected to, used only when a --service-vip is IPv6 (dual-stack). A unique local address (fd00::/8) no network of the cluster uses: link-local and loopback addresses cannot take DNATed pod traffic.")
 	fs.StringVar(&c.ListenLink, "listen-link", agent.DefaultListenLink, "Dummy link to hold the listen IP; loopback is used where the kernel has no dummy links.")
 	fs.StringSliceVar(&o.serviceVIPs, "service-vip", []string{agent.DefaultServiceVIP}, "Cluster IP(s) of the default/kubernetes Service.")
 	fs.Uint16Var(&c.ServicePort, "service-port", agent.DefaultServicePort, "Port of the default/kubernetes Service.")
@@ -72,17 +76,31 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	fs.StringVar(&c.UpstreamCAFile, "upstream-ca-file", agent.DefaultUpstreamCAFile, "CA bundle that verifies kube-apiserver's serving certificate.")
 	fs.StringVar(&c.UpstreamServerName, "upstream-server-name", "", "Name to verify in kube-apiserver's certificate (default: each upstream's host).")
 	fs.DurationVar(&c.UpstreamCheckTimeout, "upstream-check-timeout", agent.DefaultUpstreamCheckTimeout, "How long start-up waits for an upstream to answer its health check.")
+	fs.StringVar(&c.TokenFile, "token-file", agent.DefaultTokenFile, "The agent's own ServiceAccount token, for its informers, access reviews and CSRs (never for forwarded requests).")
 	fs.Uint32Var(&o.socketMark, "upstream-socket-mark", agent.DefaultSocketMark, "Firewall mark set on upstream sockets; marked packets skip the redirect. 0 disables.")
-	fs.StringVar(&c.TLSCertFile, "tls-cert-file", "", "Serving certificate chain (PEM), issued by the cluster CA for the Service VIP and kubernetes.default.svc names. Reloaded on change.")
+	fs.StringVar(&c.TLSCertFile, "tls-cert-file", "", "Serving certificate chain (PEM), issued by the cluster CA for the Service VIP and kubernetes.default.svc names. Reloaded on change. Without it the certificate is requested through the CSR API (signer kubernetes.io/kubelet-serving) and its key kept in memory.")
 	fs.StringVar(&c.TLSKeyFile, "tls-private-key-file", "", "Private key for --tls-cert-file (PEM). Reloaded on change.")
+	fs.StringVar(&c.PodCAFile, "pod-ca-file", agent.DefaultPodCAFile, "CA bundle pods verify the agent with (the ServiceAccount ca.crt, from kube-root-ca.crt). The agent intercepts only while its certificate verifies against it for every name and IP pods dial. Reloaded on change.")
+	fs.StringVar(&c.ClusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, for the kubernetes.default.svc.<domain> name in the serving certificate.")
+	fs.DurationVar(&c.CertificateLifetime, "certificate-lifetime", agent.DefaultCertificateLifetime, "Lifetime requested for a CSR-issued serving certificate (at least 10m); it is renewed at a random 70-90% of its lifetime, and at once on SIGHUP.")
 	fs.StringVar(&c.Chain, "iptables-chain", agent.DefaultChain, "Name of the nat chain the agent owns.")
+	fs.StringVar(&c.IPTablesBackend, "iptables-backend", agent.DefaultIPTablesBackend, "iptables backend for the redirect: auto (the one kube-proxy uses, found by its KUBE-IPTABLES-HINT chain), legacy or nft.")
+	fs.StringVar(&c.LivenessSet, "liveness-set", agent.DefaultLivenessSet, "ipset holding the VIP(s) while the agent is healthy; the redirect applies only to VIPs in it (IPv6 set: this name with a 6 suffix).")
+	fs.DurationVar(&c.LivenessTimeout, "liveness-timeout", agent.DefaultLivenessTimeout, "How long the liveness entry outlives the agent's last health check: after a crash or hang, the VIP goes back to kube-proxy within this time.")
+	fs.DurationVar(&c.UpstreamHealthPeriod, "upstream-health-period", agent.DefaultUpstreamHealthPeriod, "How often each kube-apiserver endpoint is health-checked.")
 	fs.DurationVar(&c.SyncPeriod, "sync-period", agent.DefaultSyncPeriod, "How often the redirect and address are checked and repaired.")
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", agent.DefaultMetricsBindAddress, "IP:port serving /metrics, /healthz and /readyz; empty disables.")
 	fs.DurationVar(&c.ShutdownGracePeriod, "shutdown-grace-period", agent.DefaultShutdownGracePeriod, "On SIGTERM, how long in-flight requests may run after the redirect is removed.")
+	fs.StringVar(&o.cacheSpec, "cache-resources", cache.DefaultResources, "Resources whose get and list requests are answered from the node-local cache, as RESOURCE[.GROUP][/VERSION] (custom resources included); pods and nodes are cached for this node only. Secrets are cached only if listed. Empty disables the cache.")
+	fs.DurationVar(&c.CacheWaitTimeout, "cache-wait-timeout", cache.DefaultWaitTimeout, "How long a read waits for the cache to reach the resourceVersion it needs (a requested one, or a write this agent forwarded) before it is forwarded instead.")
+	fs.BoolVar(&c.CacheForwardConsistentReads, "cache-forward-consistent-reads", false, "Forward every read with resourceVersion=\"\" (consistent reads) instead of answering it from the cache.")
+	c.Limits = agent.DefaultLimits()
+	c.Limits.AddFlags(fs)
 
 	gofs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(gofs)
-	fs.AddGoFlagSet(gofs)
+	cmd.PersistentFlags().AddGoFlagSet(gofs)
+	cmd.AddCommand(newApproverCommand())
 	return cmd
 }
 
@@ -94,6 +112,9 @@ func (o *options) complete() error {
 		return fmt.Errorf("--listen-address %q: must be IP:port", o.listenAddress)
 	}
 	c.ListenAddress = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if c.ListenAddressIPv6, err = parseListenIPv6(o.listenIPv6); err != nil {
+		return err
+	}
 	c.ServiceVIPs = nil
 	for _, s := range o.serviceVIPs {
 		ip, err := netip.ParseAddr(strings.TrimSpace(s))
@@ -111,7 +132,22 @@ func (o *options) complete() error {
 		c.Upstreams = append(c.Upstreams, u)
 	}
 	c.SocketMark = o.socketMark
+	if c.CacheResources, err = cache.ParseResources(o.cacheSpec); err != nil {
+		return err
+	}
 	return c.Validate()
+}
+
+// parseListenIPv6 parses --listen-address-ipv6; empty means none.
+func parseListenIPv6(s string) (netip.AddrPort, error) {
+	if s == "" {
+		return netip.AddrPort{}, nil
+	}
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("--listen-address-ipv6 %q: must be [IP]:port", s)
+	}
+	return ap, nil
 }
 
 func run(ctx context.Context, cfg *agent.Config) error {
@@ -123,20 +159,35 @@ func run(ctx context.Context, cfg *agent.Config) error {
 	logger := klog.Background().WithName("kube-apicache")
 	ctx = klog.NewContext(ctx, logger)
 
-	// A bounded lock wait: an xtables lock held forever by someone else
-	// must not hang syncs or shutdown.
-	ipt, err := iptables.New(iptables.Timeout(5))
-	if err != nil {
-		return fmt.Errorf("iptables: %w", err)
-	}
+	backend, why := netrules.ResolveBackend(ctx, netrules.Backend(cfg.IPTablesBackend), netrules.ExecSave)
+	logger.Info("Using iptables backend", "backend", backend, "reason", why)
 	nl, err := netlink.NewHandle()
 	if err != nil {
 		return fmt.Errorf("netlink: %w", err)
 	}
 	defer nl.Close()
-	a, err := agent.New(cfg, ipt, nl)
+	a, err := agent.New(cfg, agent.Kernel{
+		IPTables: func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(backend, f) },
+		Backend:  string(backend),
+		Netlink:  nl,
+		IPSet:    nl,
+	})
 	if err != nil {
 		return err
 	}
+	// SIGHUP renews the serving certificate now.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				a.RenewCertificate()
+			}
+		}
+	}()
 	return a.Run(ctx)
 }

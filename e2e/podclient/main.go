@@ -4,12 +4,21 @@
 //
 //	podclient crud      create, get, list, update and delete a ConfigMap
 //	podclient informer  run a ConfigMap informer; print SYNCED, then events
+//	podclient load      read and write a ConfigMap in a loop until stopped;
+//	                    print READY, FAIL lines, then a RESULT summary
+//	podclient cachedreads  get and list a Service with resourceVersion 0 and N
+//	                    in a loop until stopped; READY, FAIL lines, RESULT
+//	podclient relists   run an informer that prints its LIST and WATCH calls
+//	podclient informers run node-local informers (pods on this node, typed
+//	                    and metadata-only, services, a custom resource);
+//	                    print SYNCED, then their objects on each "dump"
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -17,6 +26,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -31,6 +41,11 @@ func main() {
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
 	name := fs.String("name", "podclient", "ConfigMap name for crud")
 	timeout := fs.Duration("timeout", 5*time.Minute, "exit after this long")
+	interval := fs.Duration("interval", 20*time.Millisecond, "load: pause between requests")
+	newConn := fs.Bool("new-conn", false, "load: open a new connection (HTTP/1.1) for every request")
+	resource := fs.String("resource", "configmaps", "relists: services or configmaps")
+	cr := fs.String("cr", "", "informers: also inform on this custom resource, as GROUP/VERSION/RESOURCE")
+	protobuf := fs.Bool("protobuf", false, "informers: use protobuf for built-in types")
 	_ = fs.Parse(os.Args[2:])
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -56,6 +71,14 @@ func main() {
 		err = crud(ctx, client, string(ns), *name)
 	case "informer":
 		err = informer(ctx, client, string(ns))
+	case "load":
+		err = load(ctx, cfg, string(ns), *name, *interval, *newConn)
+	case "cachedreads":
+		err = cachedReads(ctx, cfg, string(ns), *name, *interval)
+	case "relists":
+		err = countingInformer(ctx, client, string(ns), *resource)
+	case "informers":
+		err = nodeInformers(ctx, cfg, *cr, *protobuf)
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
@@ -123,5 +146,82 @@ func informer(ctx context.Context, client kubernetes.Interface, ns string) error
 	fmt.Println("SYNCED", len(inf.GetStore().List()))
 	<-ctx.Done()
 	f.Shutdown()
+	return nil
+}
+
+// closeEach makes every request use a connection of its own.
+type closeEach struct{ rt http.RoundTripper }
+
+func (c closeEach) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Close = true
+	return c.rt.RoundTrip(r)
+}
+
+// load alternates a read (get) and a write (merge patch) of one ConfigMap
+// until ctx ends, each bounded by 3 seconds, and reports every failure and,
+// at the end, the counts and the longest time between two successes.
+func load(ctx context.Context, cfg *rest.Config, ns, name string, interval time.Duration, newConn bool) error {
+	cfg = rest.CopyConfig(cfg)
+	cfg.Timeout = 3 * time.Second
+	cfg.QPS, cfg.Burst = 1000, 1000
+	if newConn {
+		cfg.NextProtos = []string{"http/1.1"}
+		cfg.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return closeEach{rt} }
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	cms := client.CoreV1().ConfigMaps(ns)
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string]string{"n": "0"}}
+	if _, err := cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create: %w", err)
+	}
+	fmt.Println("READY")
+	var ok, failed, reads, writes, failedReads, failedWrites int
+	var longest time.Duration
+	last := time.Now()
+	failing := false // failures since the last success
+	for i := 0; ctx.Err() == nil; i++ {
+		start := time.Now()
+		var err error
+		if i%2 == 0 {
+			reads++
+			_, err = cms.Get(ctx, name, metav1.GetOptions{})
+		} else {
+			writes++
+			patch := fmt.Sprintf(`{"data":{"n":"%d"}}`, i)
+			_, err = cms.Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		}
+		switch {
+		case err != nil && ctx.Err() != nil:
+			// Stopped mid-request: not a failure of the path under test.
+		case err != nil:
+			failed++
+			failing = true
+			if i%2 == 0 {
+				failedReads++
+			} else {
+				failedWrites++
+			}
+			fmt.Printf("FAIL at=%s after=%s err=%v\n", start.Format(time.RFC3339Nano), time.Since(start).Round(time.Millisecond), err)
+		default:
+			ok++
+			now := time.Now()
+			longest = max(longest, now.Sub(last))
+			last, failing = now, false
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(interval):
+		}
+	}
+	if failing {
+		// Still failing when stopped: that gap counts too.
+		longest = max(longest, time.Since(last))
+	}
+	fmt.Printf("RESULT ok=%d failed=%d reads=%d writes=%d failed_reads=%d failed_writes=%d longest_gap_ms=%d\n",
+		ok, failed, reads, writes, failedReads, failedWrites, longest.Milliseconds())
 	return nil
 }

@@ -143,6 +143,15 @@ func (c *Cluster) NodeNetState(ctx context.Context) (nat, addrs string, err erro
 	return nat, addrs, err
 }
 
+// AgentLivenessSet is the agent's default liveness ipset.
+const AgentLivenessSet = "KUBE-APICACHE-LIVE"
+
+// NodeSets returns `ipset list` of the node namespace: every set with its
+// members.
+func (c *Cluster) NodeSets(ctx context.Context) (string, error) {
+	return c.Node.Output(ctx, "ipset", "list")
+}
+
 // NodeIP is the node's address on the control-plane link: the source of
 // requests the agent relays.
 const NodeIP = nodeCPAddr

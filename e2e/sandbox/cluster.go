@@ -205,6 +205,10 @@ func (c *Cluster) setUpNetwork(ctx context.Context) error {
 		{"ip", "addr", "add", podGateway + "/24", "dev", "cbr0"},
 		{"ip", "link", "set", "cbr0", "up"},
 		{"sysctl", "-qw", "net.ipv4.ip_forward=1"},
+		// A real node reaches Service IPs through its default route: the
+		// kernel routes a host-network connect() before nat OUTPUT
+		// rewrites it.
+		{"ip", "route", "add", ServiceCIDR, "dev", "cp0"},
 	}
 	for _, s := range steps {
 		if err := c.Node.Run(ctx, s...); err != nil {
@@ -439,6 +443,28 @@ func (c *Cluster) startAPIServer(ctx context.Context, as *APIServer) error {
 	return nil
 }
 
+// StopAPIServer stops one apiserver: SIGTERM, then SIGKILL if it has not
+// exited within 30 seconds. It returns once the process is gone. The
+// instance keeps its address and flags, so StartAPIServer can bring it back;
+// its other instances and etcd keep running.
+func (c *Cluster) StopAPIServer(as *APIServer) {
+	if as.Process != nil {
+		as.Process.Stop(30 * time.Second)
+	}
+}
+
+// StartAPIServer starts a stopped apiserver again with the flags it first
+// ran with, and waits until it answers /readyz (at most two minutes). It is
+// an error to start an instance that is still running.
+func (c *Cluster) StartAPIServer(ctx context.Context, as *APIServer) error {
+	if as.Process != nil {
+		if done, _ := as.Process.Exited(); !done {
+			return fmt.Errorf("kube-apiserver %s is still running", as.Addr)
+		}
+	}
+	return c.startAPIServer(ctx, as)
+}
+
 // APIServers returns the apiserver instances.
 func (c *Cluster) APIServers() []*APIServer {
 	c.mu.Lock()
@@ -513,7 +539,10 @@ func (c *Cluster) bootstrap(ctx context.Context) error {
 	if _, err := c.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
 		return err
 	}
-	return c.waitForNamespaceReady(ctx, "default")
+	if err := c.waitForNamespaceReady(ctx, "default"); err != nil {
+		return err
+	}
+	return c.applyRBAC(ctx)
 }
 
 // waitForNamespaceReady waits until kube-controller-manager has given ns its

@@ -1,0 +1,100 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/kubernetes/scheme"
+)
+
+// rbacManifests are the project's own RBAC files. The sandbox applies them
+// as they ship, so the e2e suite proves the agent works with exactly the
+// rights the manifests grant.
+var rbacManifests = []string{"rbac.yaml", "approver.yaml"}
+
+// applyRBAC creates (or replaces) the RBAC objects in the project's
+// manifests. Objects of other kinds in those files are ignored.
+func (c *Cluster) applyRBAC(ctx context.Context) error {
+	for _, name := range rbacManifests {
+		objs, err := decodeManifest(filepath.Join(RepoRoot(), "manifests", name))
+		if err != nil {
+			return err
+		}
+		for _, obj := range objs {
+			if err := c.applyRBACObject(ctx, obj); err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) applyRBACObject(ctx context.Context, obj runtime.Object) error {
+	rbac := c.Admin.RbacV1()
+	var err error
+	switch o := obj.(type) {
+	case *rbacv1.ClusterRole:
+		_ = rbac.ClusterRoles().Delete(ctx, o.Name, metav1.DeleteOptions{})
+		_, err = rbac.ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+	case *rbacv1.ClusterRoleBinding:
+		_ = rbac.ClusterRoleBindings().Delete(ctx, o.Name, metav1.DeleteOptions{})
+		_, err = rbac.ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+	case *rbacv1.Role:
+		if err = c.EnsureNamespace(ctx, o.Namespace); err != nil {
+			return err
+		}
+		_ = rbac.Roles(o.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{})
+		_, err = rbac.Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	case *rbacv1.RoleBinding:
+		if err = c.EnsureNamespace(ctx, o.Namespace); err != nil {
+			return err
+		}
+		_ = rbac.RoleBindings(o.Namespace).Delete(ctx, o.Name, metav1.DeleteOptions{})
+		_, err = rbac.RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	default:
+		return nil
+	}
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
+}
+
+// decodeManifest decodes every document of a multi-document YAML file into
+// typed objects.
+func decodeManifest(path string) ([]runtime.Object, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	var out []runtime.Object
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", path, err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(doc, nil, nil)
+		if err != nil {
+			return nil, fmt.Errorf("decoding %s: %w", path, err)
+		}
+		out = append(out, obj)
+	}
+}
