@@ -53,9 +53,19 @@ e2e: deps control-plane
 	KUBE_APICACHE_BIN_DIR=$(BIN_DIR) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) ./e2e/...
 
 # The one command CI runs. Unit and e2e tests run in a single go test
-# invocation so the summary covers both.
+# invocation so the summary covers both. The e2e scenarios' measured
+# figures (go test shows a passing package's logs only with -v) are printed
+# after the run, followed by the package results again.
+FIGURES := $(CURDIR)/_output/e2e-figures.txt
+TEST_LOG := $(CURDIR)/_output/test.log
 test: deps control-plane vet verify-manifests fuzz
-	KUBE_APICACHE_BIN_DIR=$(BIN_DIR) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) ./...
+	@mkdir -p $(dir $(FIGURES)); rm -f $(FIGURES)
+	@set -o pipefail; status=0; \
+	KUBE_APICACHE_FIGURES=$(FIGURES) KUBE_APICACHE_BIN_DIR=$(BIN_DIR) \
+	  $(GO) test -count=1 -timeout $(E2E_TIMEOUT) ./... 2>&1 | tee $(TEST_LOG) || status=$$?; \
+	if [ -s $(FIGURES) ]; then echo; echo "--- measured figures (e2e)"; cat $(FIGURES); fi; \
+	echo; echo "--- results"; grep -E '^(ok|FAIL|panic:)' $(TEST_LOG) || true; \
+	exit $$status
 
 # Go native fuzz targets, package:target, each run for FUZZ_EXECS inputs
 # (an execution count, not a duration: the fuzz coordinator can fail with a

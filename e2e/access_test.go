@@ -155,7 +155,7 @@ func testRevokedRoleBinding(t *testing.T, ctx context.Context, c *sandbox.Cluste
 	if agentDelay == 0 || directDelay == 0 {
 		t.Fatalf("not denied within %v: through the agent after %v, directly after %v", access.MaxTTL+20*time.Second, agentDelay, directDelay)
 	}
-	t.Logf("after revoking the RoleBinding: kube-apiserver denied after %v, the agent after %v (decision TTL %v)",
+	figuref(t, "after revoking the RoleBinding: kube-apiserver denied after %v, the agent after %v (decision TTL %v)",
 		directDelay.Round(time.Millisecond), agentDelay.Round(time.Millisecond), access.MaxTTL)
 	// The cached allow was made before the revocation and lives at most
 	// MaxTTL; allow a second for the reads' own round trips.

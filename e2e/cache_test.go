@@ -386,7 +386,7 @@ func TestCacheDifferential(t *testing.T) {
 		if int(answered) != hits {
 			t.Errorf("cache answered %v requests, want %d; outcomes before %v, after %v", answered, hits, before.outcomes, after.outcomes)
 		}
-		t.Logf("cache answered %v of %d covered requests; outcomes now %v", answered, hits, after.outcomes)
+		figuref(t, "cache answered %v of %d covered requests; outcomes now %v", answered, hits, after.outcomes)
 	})
 
 	t.Run("cache hits reached no apiserver", func(t *testing.T) {
@@ -405,7 +405,7 @@ func TestCacheDifferential(t *testing.T) {
 		if seen == 0 {
 			t.Errorf("no forwarded request of this test in the audit log; cannot tell hits apart")
 		}
-		t.Logf("audit: %d forwarded requests of this test, %d cached reads upstream", seen, upstream)
+		figuref(t, "audit: %d forwarded requests of this test, %d cached reads upstream", seen, upstream)
 	})
 }
 
@@ -475,7 +475,7 @@ func TestCacheReadYourWrites(t *testing.T) {
 	}
 	after := readCacheMetrics(t, ctx, agent)
 	hits := after.outcomes["hit"] - before.outcomes["hit"]
-	t.Logf("%d write-then-read iterations: %d stale reads; %v reads answered by the cache; forwarded by reason: %v",
+	figuref(t, "%d write-then-read iterations: %d stale reads; %v reads answered by the cache; forwarded by reason: %v",
 		iterations, stale, hits, diffOutcomes(before.outcomes, after.outcomes))
 	if hits == 0 {
 		t.Errorf("no read was answered by the cache; all were forwarded")

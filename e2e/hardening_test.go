@@ -95,7 +95,6 @@ func TestHardening(t *testing.T) {
 		}
 	})
 
-	t.Logf("hardening summary:\n  %s", strings.Join(h.summary, "\n  "))
 }
 
 // hardening is the state the scenarios share.
@@ -104,19 +103,12 @@ type hardening struct {
 	a   *sandbox.Agent
 	pod *sandbox.Pod
 	svc string // a Service in the pod's namespace, label app=<name>
-
-	mu      sync.Mutex // protects summary
-	summary []string
 }
 
-// logf logs a figure and keeps it for the summary.
+// logf logs a measured figure for the end-of-run report.
 func (h *hardening) logf(t *testing.T, format string, args ...any) {
 	t.Helper()
-	msg := fmt.Sprintf(format, args...)
-	t.Log(msg)
-	h.mu.Lock()
-	h.summary = append(h.summary, t.Name()+": "+msg)
-	h.mu.Unlock()
+	figuref(t, format, args...)
 }
 
 // gauges returns the agent's goroutine count and open client connections.

@@ -197,7 +197,7 @@ func TestServingIdentity(t *testing.T) {
 		t.Fatalf("starting agent in CSR mode: %v", err)
 	}
 	stopOnCleanup(t, a.Process, "agent", 80, 40*time.Second)
-	t.Logf("agent ready in CSR mode after %s", time.Since(started).Round(time.Millisecond))
+	figuref(t, "agent ready in CSR mode after %s", time.Since(started).Round(time.Millisecond))
 
 	csrs := agentCSRs(t, ctx, c)
 	if len(csrs) != 1 {
@@ -250,7 +250,7 @@ func TestServingIdentity(t *testing.T) {
 			t.Errorf("served serial %s as %s, want the issued %s", served.SerialNumber, name, first.SerialNumber)
 		}
 	}
-	t.Logf("CSR %s approved (%s), issued serial %s expiring %s after the CSR, served for %d names",
+	figuref(t, "CSR %s approved (%s), issued serial %s expiring %s after the CSR, served for %d names",
 		csr.Name, approver.ReasonApproved, first.SerialNumber, first.NotAfter.Sub(csr.CreationTimestamp.Time).Round(time.Second), len(wantDNS)+1)
 
 	before := agentRequests(t, ctx, a)
@@ -308,7 +308,7 @@ func TestServingIdentity(t *testing.T) {
 				t.Errorf("%s log (%d bytes at -v=10) contains %s", name, len(log), what)
 			}
 		}
-		t.Logf("%s log at -v=10: %d bytes, %d lines, no token or key", name, len(log), strings.Count(log, "\n"))
+		figuref(t, "%s log at -v=10: %d bytes, %d lines, no token or key", name, len(log), strings.Count(log, "\n"))
 	}
 }
 
@@ -424,12 +424,12 @@ func rotateUnderLoad(t *testing.T, ctx context.Context, c *sandbox.Cluster, a *s
 		if r.failures.Load() != 0 {
 			t.Errorf("%s: %d of %d requests failed during rotation: %q", name, r.failures.Load(), r.requests.Load(), r.errs)
 		}
-		t.Logf("%s: %d requests, %d failures, served serials %v", name, r.requests.Load(), r.failures.Load(), r.serials)
+		figuref(t, "%s: %d requests, %d failures, served serials %v", name, r.requests.Load(), r.failures.Load(), r.serials)
 	}
 	if len(fresh.serials) < 2 {
 		t.Errorf("new connections saw serials %v, want the old and the new", fresh.serials)
 	}
-	t.Logf("renewal after SIGHUP served within %s (serial %s -> %s)", renewal.Round(time.Millisecond), first.SerialNumber, second.SerialNumber)
+	figuref(t, "renewal after SIGHUP served within %s (serial %s -> %s)", renewal.Round(time.Millisecond), first.SerialNumber, second.SerialNumber)
 }
 
 // denyBadCSRs submits CSRs that are each wrong in one way and checks that
@@ -543,7 +543,7 @@ func denyBadCSRs(t *testing.T, ctx context.Context, c *sandbox.Cluster, agentPod
 		case cond.Reason != tc.wantReason || !strings.Contains(cond.Message, tc.wantInMsg):
 			t.Errorf("%s: Denied %s %q, want %s mentioning %q", tc.name, cond.Reason, cond.Message, tc.wantReason, tc.wantInMsg)
 		default:
-			t.Logf("%s: Denied, reason %s: %s", tc.name, cond.Reason, cond.Message)
+			figuref(t, "%s: Denied, reason %s: %s", tc.name, cond.Reason, cond.Message)
 		}
 		if len(got.Status.Certificate) > 0 {
 			t.Errorf("%s: a certificate was issued", tc.name)
@@ -559,7 +559,7 @@ func denyBadCSRs(t *testing.T, ctx context.Context, c *sandbox.Cluster, agentPod
 	if len(got.Status.Conditions) != 0 {
 		t.Errorf("kubelet-style CSR: conditions %+v, want none (not the approver's)", got.Status.Conditions)
 	} else {
-		t.Logf("kubelet-style CSR %s left pending", got.Name)
+		figuref(t, "kubelet-style CSR %s left pending", got.Name)
 	}
 }
 
@@ -627,7 +627,7 @@ func assertKeyNotOnDisk(t *testing.T, a *sandbox.Agent, served *x509.Certificate
 	if scanned == 0 {
 		t.Fatalf("scanned no files; the check would be vacuous")
 	}
-	t.Logf("key not on disk: scanned %d files (%d other private keys, none the serving key) in %v and the agent's %d open fds", scanned, keys, dirs, len(fds))
+	figuref(t, "key not on disk: scanned %d files (%d other private keys, none the serving key) in %v and the agent's %d open fds", scanned, keys, dirs, len(fds))
 }
 
 func keyMatches(block *pem.Block, pub crypto.PublicKey) bool {
@@ -723,7 +723,7 @@ func TestUntrustedServingCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("/readyz never gave the trust failure (last body %q): %v", body, err)
 	}
-	t.Logf("/readyz: %s", strings.TrimSpace(body))
+	figuref(t, "/readyz: %s", strings.TrimSpace(body))
 	for _, want := range []string{"certificate signed by unknown authority", "some-other-ca"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/readyz body %q lacks %q", body, want)
@@ -758,7 +758,7 @@ func TestUntrustedServingCertificate(t *testing.T) {
 	if err != nil || served.SerialNumber.Cmp(trusted.Cert.SerialNumber) != 0 {
 		t.Fatalf("pod got %v (%v), want the agent's new certificate %s", served, err, trusted.Cert.SerialNumber)
 	}
-	t.Logf("reloaded trusted certificate %s is served through the VIP", served.SerialNumber)
+	figuref(t, "reloaded trusted certificate %s is served through the VIP", served.SerialNumber)
 
 	// When they go back to the untrusted one, then interception stops.
 	install(untrusted)
@@ -772,5 +772,5 @@ func TestUntrustedServingCertificate(t *testing.T) {
 	if code, b, err := agentReadyz(ctx, c); err != nil || code != http.StatusServiceUnavailable || !strings.Contains(b, "does not verify") {
 		t.Errorf("/readyz = %d %q (%v), want 503 with the trust failure", code, b, err)
 	}
-	t.Logf("certificate that stopped verifying: pods go to kube-apiserver again")
+	figuref(t, "certificate that stopped verifying: pods go to kube-apiserver again")
 }

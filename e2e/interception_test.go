@@ -176,7 +176,7 @@ func doTestAgentDies(t *testing.T, ns string, sig syscall.Signal, maxGap time.Du
 	expired := time.Since(killed)
 	time.Sleep(livenessTimeout)
 	res := load.stop()
-	t.Logf("%s: liveness entry expired %s after the signal; load: %s", ns, expired.Round(time.Millisecond), res)
+	figuref(t, "%s: liveness entry expired %s after the signal; load: %s", ns, expired.Round(time.Millisecond), res)
 	if res.Failed > 0 {
 		t.Logf("first failures:\n%s", res.firstFailures(3))
 	}
@@ -255,12 +255,12 @@ func TestGracefulHandoff(t *testing.T) {
 		run  *loadRun
 	}{{"reused connection", reused}, {"connection per request", fresh}} {
 		res := l.run.stop()
-		t.Logf("rolling replacement, %s: %s", l.name, res)
+		figuref(t, "rolling replacement, %s: %s", l.name, res)
 		if res.Failed != 0 {
 			t.Errorf("%s: %d requests failed:\n%s", l.name, res.Failed, res.firstFailures(5))
 		}
 	}
-	t.Logf("old agent exited %s after SIGTERM; new agent forwarded %v requests", exited.Round(time.Millisecond), n)
+	figuref(t, "old agent exited %s after SIGTERM; new agent forwarded %v requests", exited.Round(time.Millisecond), n)
 	if n < 10 {
 		t.Errorf("new agent forwarded only %v requests", n)
 	}
@@ -355,7 +355,7 @@ func TestStartKillCycles(t *testing.T) {
 			t.Fatalf("cycle %d: duplicated state: %+v", i, s)
 		}
 	}
-	t.Logf("%d start/kill cycles (%d killed while serving) in %s", cycles, readyKills, time.Since(start).Round(time.Second))
+	figuref(t, "%d start/kill cycles (%d killed while serving) in %s", cycles, readyKills, time.Since(start).Round(time.Second))
 
 	a := startAgent(t, ctx, c)
 	want := nodeState{Chains: 1, ChainRules: 2, Jumps: 2, Sets: 1, Entries: 1, Addresses: 1, JumpFirst: true, ReturnFirst: true}
@@ -374,7 +374,7 @@ func TestStartKillCycles(t *testing.T) {
 	if active := activeUpstream(t, ctx, a); !strings.HasPrefix(active, "10.250.0.") {
 		t.Errorf("active upstream %q is not an apiserver endpoint", active)
 	}
-	t.Logf("final state: %+v", want)
+	figuref(t, "final state: %+v", want)
 }
 
 // activeUpstream returns the endpoint the agent sends requests to, from its
@@ -465,11 +465,11 @@ func TestRulesRestored(t *testing.T) {
 		if readNodeState(t, ctx, c) == want {
 			// The liveness loop can win the race with the look that
 			// follows the change.
-			t.Logf("%s: restored within %s, before it could be seen", tc.name, time.Since(changed).Round(10*time.Millisecond))
+			figuref(t, "%s: restored within %s, before it could be seen", tc.name, time.Since(changed).Round(10*time.Millisecond))
 			continue
 		}
 		took := waitFor(t, period+2*time.Second, tc.name+" restored", func() bool { return readNodeState(t, ctx, c) == want })
-		t.Logf("%s: restored after %s (sync period %s)", tc.name, took.Round(10*time.Millisecond), period)
+		figuref(t, "%s: restored after %s (sync period %s)", tc.name, took.Round(10*time.Millisecond), period)
 		// took includes the polling (three commands per look).
 		if took > period+time.Second {
 			t.Errorf("%s: restored after %s, more than one sync period", tc.name, took)
@@ -524,7 +524,7 @@ func TestAPIServerEndpointStopped(t *testing.T) {
 	res := load.stop()
 	after := forwarded(t, ctx, a)
 	active := activeUpstream(t, ctx, a)
-	t.Logf("apiserver %s killed (exited after %s); load: %s; agent forwarded %v requests meanwhile; active upstream now %s",
+	figuref(t, "apiserver %s killed (exited after %s); load: %s; agent forwarded %v requests meanwhile; active upstream now %s",
 		victim.Addr, stopped.Round(time.Millisecond), res, after-before, active)
 	if res.FailedReads != 0 {
 		t.Errorf("%d reads failed:\n%s", res.FailedReads, res.firstFailures(5))
@@ -595,7 +595,7 @@ func TestSelfCheckKeepsAgentOut(t *testing.T) {
 		code, body = readyz(t, ctx, c)
 		return strings.Contains(body, "self-check failed")
 	})
-	t.Logf("readyz with the obstacle: %d %s", code, body)
+	figuref(t, "readyz with the obstacle: %d %s", code, body)
 	if code != http.StatusServiceUnavailable {
 		t.Errorf("readyz = %d, want 503", code)
 	}
@@ -613,7 +613,7 @@ func TestSelfCheckKeepsAgentOut(t *testing.T) {
 		code, _ := readyz(t, ctx, c)
 		return code == http.StatusOK
 	})
-	t.Logf("intercepting %s after the obstacle was removed (sync period 2s, retries back off)", took.Round(10*time.Millisecond))
+	figuref(t, "intercepting %s after the obstacle was removed (sync period 2s, retries back off)", took.Round(10*time.Millisecond))
 	if s := readNodeState(t, ctx, c); !s.JumpFirst || s.Entries != 1 {
 		t.Errorf("node state once ready: %+v", s)
 	}

@@ -51,6 +51,10 @@ func runMain(m *testing.M) int {
 		os.Exit(130)
 	}()
 	code := m.Run()
+	if err := writeFigures(); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: writing figures: %v\n", err)
+		code = 1
+	}
 	if binTmp != "" {
 		_ = os.RemoveAll(binTmp)
 	}

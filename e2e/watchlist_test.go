@@ -360,14 +360,14 @@ func TestWatchListInformers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("both informer sets synced in %s", time.Since(startedAt).Round(time.Millisecond))
+	figuref(t, "both informer sets synced in %s", time.Since(startedAt).Round(time.Millisecond))
 	waitConverged(t, ctx, c, dc, wl, lw)
 
 	// When 1,000 creates, updates and deletes happen upstream, then both
 	// converge to upstream's state.
 	churnStart := time.Now()
 	churn(t, ctx, c, dc, "churn", 1000)
-	t.Logf("1,000 writes took %s; informers converged %s after the last", time.Since(churnStart).Round(time.Millisecond),
+	figuref(t, "1,000 writes took %s; informers converged %s after the last", time.Since(churnStart).Round(time.Millisecond),
 		waitConverged(t, ctx, c, dc, wl, lw).Round(time.Millisecond))
 
 	// And kube-apiserver never served the pod's user a list or initial
@@ -389,7 +389,7 @@ func TestWatchListInformers(t *testing.T) {
 		}
 	}
 	hits := cacheWatchHits(t, ctx, agent)
-	t.Logf("audit: %d lists and %d watches with initial events reached kube-apiserver from %s; %d watches started upstream; the agent answered %v watch-lists from its cache",
+	figuref(t, "audit: %d lists and %d watches with initial events reached kube-apiserver from %s; %d watches started upstream; the agent answered %v watch-lists from its cache",
 		lists, initial, user, continuations, hits)
 	if hits < 4 {
 		t.Errorf("the agent answered %v watch-lists from its cache, want at least the 4 of the watch-list informer set", hits)
@@ -428,7 +428,7 @@ func TestWatchListInformers(t *testing.T) {
 			t.Fatalf("a watch-list did not end when the apiservers restarted")
 		}
 	}
-	t.Logf("watch-list ends: through the agent %+v; direct %+v", ends[0], ends[1])
+	figuref(t, "watch-list ends: through the agent %+v; direct %+v", ends[0], ends[1])
 	if !ends[0].bookmark || !ends[1].bookmark {
 		t.Errorf("a watch-list ended before its initial-events-end bookmark")
 	}
@@ -436,8 +436,8 @@ func TestWatchListInformers(t *testing.T) {
 		t.Errorf("ERROR events differ: through the agent %q, direct %q", ends[0].errorEvent, ends[1].errorEvent)
 	}
 	churn(t, ctx, c, dc, "after", 90)
-	t.Logf("after the apiserver restarts, informers converged in %s", waitConverged(t, ctx, c, dc, wl, lw).Round(time.Millisecond))
-	t.Logf("watch-lists answered from the cache during the restarts: %v", cacheWatchHits(t, ctx, agent)-hitsBefore)
+	figuref(t, "after the apiserver restarts, informers converged in %s", waitConverged(t, ctx, c, dc, wl, lw).Round(time.Millisecond))
+	figuref(t, "watch-lists answered from the cache during the restarts: %v", cacheWatchHits(t, ctx, agent)-hitsBefore)
 	for _, p := range []*informerProc{wl, lw} {
 		if done := p.cmd.ProcessState; done != nil {
 			t.Errorf("%s exited: %v", p.name, done)
@@ -519,7 +519,7 @@ func compareKubectl(t *testing.T, ctx context.Context, c *sandbox.Cluster, pod *
 			t.Errorf("kubectl %s printed nothing", strings.Join(args, " "))
 		}
 	}
-	t.Logf("kubectl printed the same through the agent as direct for %d of %d commands", same, len(cmds))
+	figuref(t, "kubectl printed the same through the agent as direct for %d of %d commands", same, len(cmds))
 	// The widget Table has the CRD's printer columns.
 	out := mustKubectl(t, ctx, pod, "get", "widgets", "-n", wlNS, "-o=wide")
 	if first, _, _ := strings.Cut(out, "\n"); !strings.Contains(first, "COLOR") || !strings.Contains(first, "SIZE") {
@@ -591,7 +591,7 @@ func compareMetadata(t *testing.T, ctx context.Context, c *sandbox.Cluster, agen
 		}
 	}
 	hits := readCacheMetrics(t, ctx, agent).outcomes["hit"] - before
-	t.Logf("metadata-only: %d requests equal through the agent and direct; %v answered from the cache", n, hits)
+	figuref(t, "metadata-only: %d requests equal through the agent and direct; %v answered from the cache", n, hits)
 	if hits < float64(n) {
 		t.Errorf("only %v of %d metadata-only requests were answered from the cache", hits, n)
 	}
