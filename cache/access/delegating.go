@@ -130,7 +130,7 @@ func New(cfg *rest.Config, opts Options) (*Delegating, error) {
 	}
 	return &Delegating{
 		authn:   cache.New(tokenReviewer{webhook, m}, false, opts.TokenTTL, opts.TokenTTL),
-		authz:   withTimeout{authorizer, opts.Timeout},
+		authz:   &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}},
 		metrics: m,
 	}, nil
 }
