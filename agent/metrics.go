@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -188,6 +189,11 @@ type labelSet struct {
 }
 
 func (l *labelSet) bound(v string) string {
+	if !utf8.ValidString(v) {
+		// Prometheus refuses label values that are not UTF-8; a client
+		// can put any bytes in a path.
+		return "other"
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.seen[v] {

@@ -29,6 +29,11 @@ func TestInstrumentLabels(t *testing.T) {
 	}, {
 		name: "non-resource", method: "GET", target: "/version", code: 200,
 		want: "get,,200",
+	}, {
+		// Prometheus panics on a label value that is not UTF-8; a path
+		// can hold any bytes.
+		name: "resource not UTF-8", method: "GET", target: "/api/v1/namespaces/x/%FA", code: 404,
+		want: "list,other,404",
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
