@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -246,7 +247,7 @@ func (c *Cache) classifyList(p *plan, query map[string][]string) (*plan, string)
 	if label == nil {
 		label = labels.Everything()
 	}
-	p.pred = Predicate{Namespace: p.namespace, Label: label, Field: field}
+	p.pred = Predicate{Namespace: p.namespace, Label: label, Field: withoutScopeTerms(field, res.scopeTerms)}
 	p.limit = opts.Limit
 	var reason string
 	if p.mode, p.minRV, reason = c.rvModeOf(opts.ResourceVersion, opts.ResourceVersionMatch, opts.Limit); reason != "" {
@@ -333,6 +334,36 @@ var builtinMediaTypes, customMediaTypes = func() ([]runtime.SerializerInfo, []ru
 	}
 	return builtin, custom
 }()
+
+// withoutScopeTerms drops the requirements of sel that every cached object
+// meets by construction (the watch's own field selector, such as
+// spec.nodeName=<node> for pods), so that listing this node's pods does not
+// compute every pod's field set only to find the node it is known to have.
+// A selector it cannot rebuild is returned unchanged.
+func withoutScopeTerms(sel fields.Selector, scope map[string]string) fields.Selector {
+	if len(scope) == 0 {
+		return sel
+	}
+	reqs := sel.Requirements()
+	keep := make([]fields.Selector, 0, len(reqs))
+	for _, r := range reqs {
+		switch r.Operator {
+		case selection.Equals, selection.DoubleEquals:
+			if v, ok := scope[r.Field]; ok && v == r.Value {
+				continue
+			}
+			keep = append(keep, fields.OneTermEqualSelector(r.Field, r.Value))
+		case selection.NotEquals:
+			keep = append(keep, fields.OneTermNotEqualSelector(r.Field, r.Value))
+		default:
+			return sel
+		}
+	}
+	if len(keep) == len(reqs) {
+		return sel
+	}
+	return fields.AndSelectors(keep...)
+}
 
 // routeMismatch returns a reason to forward a request whose path
 // kube-apiserver has no route for, although RequestInfo parses it: a

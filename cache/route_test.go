@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 
@@ -120,5 +121,36 @@ func TestObserveWriteBarrier(t *testing.T) {
 				t.Errorf("barrier (rv %d, unknown write %v), want (%d, %v)", rv, unknown, tt.wantRV, tt.wantUnknown)
 			}
 		})
+	}
+}
+
+// TestWithoutScopeTerms: requirements the cached scope guarantees are
+// dropped from list predicates; everything else is kept as it was.
+func TestWithoutScopeTerms(t *testing.T) {
+	scope := map[string]string{"spec.nodeName": "node-a"}
+	cases := []struct{ in, want string }{
+		{"spec.nodeName=node-a", ""},
+		{"spec.nodeName==node-a", ""},
+		{"spec.nodeName=node-a,status.phase=Running", "status.phase=Running"},
+		{"spec.nodeName=node-a,spec.nodeName!=node-a", "spec.nodeName!=node-a"},
+		{"status.phase!=Failed", "status.phase!=Failed"},
+		{"spec.nodeName=node-b", "spec.nodeName=node-b"},
+	}
+	for _, tt := range cases {
+		sel, err := fields.ParseSelector(tt.in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := withoutScopeTerms(sel, scope)
+		if got.String() != tt.want {
+			t.Errorf("%q: got %q, want %q", tt.in, got.String(), tt.want)
+		}
+		if tt.want == "" && !got.Empty() {
+			t.Errorf("%q: selector not empty", tt.in)
+		}
+	}
+	sel := fields.ParseSelectorOrDie("spec.nodeName=node-a")
+	if got := withoutScopeTerms(sel, nil); got.String() != sel.String() {
+		t.Errorf("without a scope: got %q", got.String())
 	}
 }
