@@ -5,7 +5,6 @@ import (
 	"context"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kube-apicache/kube-apicache/netrules"
+	"github.com/kube-apicache/kube-apicache/netrules/netnstest"
 )
 
 // kernelNode is a fresh network namespace standing for a node, with a
@@ -43,57 +43,17 @@ var (
 // Without root the test is skipped, except under CI=true, where it fails.
 func inKernelNode(t *testing.T, fn func(n *kernelNode)) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("kernel tests need root; CI must run them")
-		}
-		t.Skip("kernel tests need root")
-	}
-	runtime.LockOSThread()
-	// The thread's namespace changes below: it is unlocked only once back
-	// in the original namespace, so no other goroutine runs in a test one.
-	origin, err := netns.Get()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer origin.Close()
-	podNS, err := netns.New() // creates and enters
-	if err != nil {
-		runtime.UnlockOSThread()
-		t.Fatalf("creating pod namespace: %v", err)
-	}
-	defer podNS.Close()
-	nodeNS, err := netns.New()
-	if err != nil {
-		if netns.Set(origin) == nil {
-			runtime.UnlockOSThread()
-		}
-		t.Fatalf("creating node namespace: %v", err)
-	}
-	defer nodeNS.Close()
-	defer func() {
-		if err := netns.Set(origin); err != nil {
-			t.Errorf("returning to the original namespace: %v", err)
-			return
-		}
-		runtime.UnlockOSThread()
-	}()
-	n := &kernelNode{nodeNS: nodeNS, podNS: podNS}
-	if n.h, err = netlink.NewHandleAt(nodeNS); err != nil {
-		t.Fatal(err)
-	}
-	defer n.h.Close()
-	ph, err := netlink.NewHandleAt(podNS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ph.Close()
-	for _, h := range []*netlink.Handle{n.h, ph} {
-		lo, err := h.LinkByName("lo")
-		mustDo(t, err)
-		mustDo(t, h.LinkSetUp(lo))
-	}
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "kac-node"}, PeerName: "kac-pod", PeerNamespace: netlink.NsFd(int(podNS))}
+	netnstest.Run(t, 2, func(nss []netns.NsHandle, hs []*netlink.Handle) {
+		setUpKernelNode(t, &kernelNode{podNS: nss[0], nodeNS: nss[1], h: hs[1]}, hs[0], fn)
+	})
+}
+
+// setUpKernelNode connects the pod namespace (handle ph) to the node
+// namespace with a veth pair and routes, picks a working iptables backend
+// and runs fn.
+func setUpKernelNode(t *testing.T, n *kernelNode, ph *netlink.Handle, fn func(n *kernelNode)) {
+	t.Helper()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "kac-node"}, PeerName: "kac-pod", PeerNamespace: netlink.NsFd(int(n.podNS))}
 	mustDo(t, n.h.LinkAdd(veth))
 	nodeLink, err := n.h.LinkByName("kac-node")
 	mustDo(t, err)

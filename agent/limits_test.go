@@ -27,6 +27,8 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/agent/h2test"
 )
 
 // staticCert is a certSource with one self-signed certificate for
@@ -417,7 +419,10 @@ func TestServerRapidReset(t *testing.T) {
 		running.Add(-1)
 	}), Limits{HTTP2MaxStreams: maxStreams})
 
-	sent, goaway := rapidReset(t, s.dial(t, "h2"), s.addr, 5000)
+	sent, goaway, err := h2test.RapidReset(s.dial(t, "h2"), s.addr, "/api/v1/pods", nil, 5000, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Logf("sent %d HEADERS+RST_STREAM pairs; GOAWAY: %s; handlers run: %d, at most %d at once", sent, goaway, total.Load(), peak.Load())
 	if peak.Load() > maxStreams {
 		t.Errorf("%d handlers ran at once, stream limit is %d", peak.Load(), maxStreams)
@@ -433,58 +438,6 @@ func TestServerRapidReset(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("request after the rapid reset: %s", resp.Status)
 	}
-}
-
-// rapidReset sends up to n HEADERS+RST_STREAM pairs on c, an HTTP/2
-// connection, and returns how many it sent and how the server cut the
-// connection: its GOAWAY error code, "connection closed" if it closed the
-// connection before a GOAWAY could be read, "" if it did neither.
-func rapidReset(t *testing.T, c net.Conn, authority string, n int) (sent int, goaway string) {
-	t.Helper()
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
-	}
-	fr := http2.NewFramer(c, c)
-	if err := fr.WriteSettings(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan string, 1)
-	go func() {
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				done <- "connection closed"
-				return
-			}
-			// SETTINGS are not acknowledged: a Framer must not be
-			// written from two goroutines.
-			if g, ok := f.(*http2.GoAwayFrame); ok {
-				done <- g.ErrCode.String()
-				return
-			}
-		}
-	}()
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, hf := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", authority}, {":path", "/api/v1/pods"}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: hf[0], Value: hf[1]})
-	}
-	block := hb.Bytes()
-	for i := range n {
-		id := uint32(2*i + 1)
-		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndStream: true, EndHeaders: true}); err != nil {
-			break
-		}
-		if err := fr.WriteRSTStream(id, http2.ErrCodeCancel); err != nil {
-			break
-		}
-		sent++
-	}
-	select {
-	case goaway = <-done:
-	case <-time.After(5 * time.Second):
-	}
-	return sent, goaway
 }
 
 // TestMaxInFlight checks the in-flight bounds: over the bound a short

@@ -23,13 +23,12 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 
+	"github.com/kube-apicache/kube-apicache/agent/h2test"
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
 
@@ -236,7 +235,8 @@ func (h *hardening) rapidReset(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	sent, goaway := rapidResetBurst(c, "/api/v1/namespaces/"+h.pod.Spec.Namespace+"/services", h.pod.Token, 20000)
+	sent, goaway, _ := h2test.RapidReset(c, sandbox.ServiceVIP, "/api/v1/namespaces/"+h.pod.Spec.Namespace+"/services",
+		[][2]string{{"authorization", "Bearer " + h.pod.Token}}, 20000, 10*time.Second)
 	elapsed := time.Since(start)
 	client := vipClient(t, h.pod, true)
 	defer client.CloseIdleConnections()
@@ -249,53 +249,6 @@ func (h *hardening) rapidReset(t *testing.T) {
 	if done, _ := h.a.Process.Exited(); done {
 		t.Fatalf("agent exited")
 	}
-}
-
-// rapidResetBurst writes up to n HEADERS+RST_STREAM pairs on c and returns
-// how many it wrote and how the server cut the connection: its GOAWAY code,
-// "connection closed" if it closed before a GOAWAY could be read, "" if it
-// did neither.
-func rapidResetBurst(c net.Conn, path, token string, n int) (sent int, goaway string) {
-	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		return 0, ""
-	}
-	fr := http2.NewFramer(c, c)
-	if err := fr.WriteSettings(); err != nil {
-		return 0, ""
-	}
-	done := make(chan string, 1)
-	go func() {
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				done <- "connection closed"
-				return
-			}
-			if g, ok := f.(*http2.GoAwayFrame); ok {
-				done <- g.ErrCode.String()
-				return
-			}
-		}
-	}()
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", sandbox.ServiceVIP}, {":path", path}, {"authorization", "Bearer " + token}} {
-		_ = enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
-	}
-	block := hb.Bytes()
-	for i := range n {
-		id := uint32(2*i + 1)
-		if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndStream: true, EndHeaders: true}) != nil ||
-			fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
-			break
-		}
-		sent++
-	}
-	select {
-	case goaway = <-done:
-	case <-time.After(10 * time.Second):
-	}
-	return sent, goaway
 }
 
 // listStorm: given 1,000 Services in the cache, when 500 clients list them

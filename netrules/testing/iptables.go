@@ -252,6 +252,19 @@ func (f *IPTables) NewChain(tbl, chain string) error {
 
 // Insert implements netrules.IPTables. Positions start at 1.
 func (f *IPTables) Insert(tbl, chain string, pos int, rulespec ...string) error {
+	if pos < 1 {
+		return &Error{msg: "iptables: Index of insertion too big.\n"}
+	}
+	return f.add(tbl, chain, pos, rulespec)
+}
+
+// Append implements netrules.IPTables.
+func (f *IPTables) Append(tbl, chain string, rulespec ...string) error {
+	return f.add(tbl, chain, 0, rulespec)
+}
+
+// add inserts rulespec at pos (from 1), or appends it with pos 0.
+func (f *IPTables) add(tbl, chain string, pos int, rulespec []string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.Calls++
@@ -266,29 +279,13 @@ func (f *IPTables) Insert(tbl, chain string, pos int, rulespec ...string) error 
 		return err
 	}
 	rules := t.chains[chain]
-	if pos < 1 || pos > len(rules)+1 {
+	if pos == 0 {
+		pos = len(rules) + 1
+	}
+	if pos > len(rules)+1 {
 		return &Error{msg: "iptables: Index of insertion too big.\n"}
 	}
 	t.chains[chain] = slices.Insert(rules, pos-1, render(rulespec))
-	return nil
-}
-
-// Append implements netrules.IPTables.
-func (f *IPTables) Append(tbl, chain string, rulespec ...string) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.Calls++
-	t, err := f.chain(tbl, chain)
-	if err != nil {
-		return err
-	}
-	if err := f.checkTarget(t, rulespec); err != nil {
-		return err
-	}
-	if err := f.checkSets(rulespec); err != nil {
-		return err
-	}
-	t.chains[chain] = append(t.chains[chain], render(rulespec))
 	return nil
 }
 
