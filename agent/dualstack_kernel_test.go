@@ -188,7 +188,8 @@ func TestDualStackKernel(t *testing.T) {
 		mustDo(t, err)
 		for _, d := range planes {
 			ep := apiserver[d.family]
-			mustDo(t, n.h.AddrAdd(lo, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(ep.Addr(), ep.Addr().BitLen()))}))
+			// No duplicate address detection: bind at once.
+			mustDo(t, n.h.AddrAdd(lo, &netlink.Addr{IPNet: prefixNet(netip.PrefixFrom(ep.Addr(), ep.Addr().BitLen())), Flags: unix.IFA_F_NODAD}))
 			l, err := net.Listen("tcp", ep.String())
 			mustDo(t, err)
 			serveBanner(t, l, "apiserver")

@@ -60,6 +60,10 @@ func (a *LocalAddress) netlinkAddr() *netlink.Addr {
 	return &netlink.Addr{
 		IPNet: &net.IPNet{IP: a.addr.AsSlice(), Mask: net.CIDRMask(bits, bits)},
 		Scope: unix.RT_SCOPE_HOST,
+		// An IPv6 address would otherwise stay tentative (unusable as a
+		// DNAT target) while duplicate address detection runs; it is
+		// node-local, there is nothing to detect.
+		Flags: unix.IFA_F_NODAD,
 	}
 }
 
