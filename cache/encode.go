@@ -59,7 +59,9 @@ func (e *encoder) encodeJSON(obj runtime.Object) ([]byte, error) {
 	if err := e.json.Encode(obj, &buf); err != nil {
 		return nil, err
 	}
-	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+	// A copy of exactly the encoding's size: the buffer may have twice its
+	// capacity, and the result is kept for as long as the object is cached.
+	return bytes.Clone(bytes.TrimSuffix(buf.Bytes(), []byte("\n"))), nil
 }
 
 func encodeProtobuf(obj runtime.Object) ([]byte, error) {

@@ -161,7 +161,7 @@ func TestEncodingCustomResource(t *testing.T) {
 
 // TestObjectEncodedOnce: the bytes of an object are made once and reused.
 func TestObjectEncodedOnce(t *testing.T) {
-	o := &Object{Obj: &corev1.Pod{}}
+	o := &Object{key: "ns/p", obj: &corev1.Pod{}}
 	calls := 0
 	enc := func(runtime.Object) ([]byte, error) { calls++; return []byte("x"), nil }
 	for i := 0; i < 3; i++ {

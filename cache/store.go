@@ -3,157 +3,19 @@ package cache
 import (
 	"context"
 	"fmt"
-	"sort"
+	"reflect"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	toolscache "k8s.io/client-go/tools/cache"
 )
-
-// Object is one cached object: the decoded object as the watch delivered
-// it, the attributes selectors are evaluated on, and its encodings, made on
-// first use and kept until the object changes (a change replaces the whole
-// Object).
-//
-// An Object is immutable once it is in a Store: callers must not modify Obj
-// or the slices returned by Encoded.
-type Object struct {
-	// Labels are what label selectors match (the object's own map).
-	Labels labels.Set
-	// Obj is the object, with apiVersion and kind set.
-	Obj runtime.Object
-
-	// encs holds the encodings made so far; allocated on first use.
-	encs atomic.Pointer[encodings]
-}
-
-type encodings [numEncodings]atomic.Pointer[[]byte]
-
-// Encoding names a per-object byte form that the Store keeps.
-type Encoding int
-
-const (
-	// EncodingJSON is the object as kube-apiserver's JSON serializer
-	// writes it for a get, with kind and apiVersion and no trailing newline.
-	EncodingJSON Encoding = iota
-	// EncodingProtobuf is the object's protobuf message (no envelope).
-	EncodingProtobuf
-	// EncodingMetadataJSON and EncodingMetadataProtobuf are the object as
-	// a meta.k8s.io/v1 PartialObjectMetadata, in JSON (with kind and
-	// apiVersion) and as a protobuf message (no envelope).
-	EncodingMetadataJSON
-	EncodingMetadataProtobuf
-	// numEncodings is the number of Encoding values; issue-specific forms
-	// (metadata-only, Table rows) can be added before it.
-	numEncodings
-)
-
-// Encoded returns o's bytes in form e, calling encode the first time and
-// keeping the result for every later call. encode must not modify the
-// object (concurrent first calls may both encode; one result is kept). The
-// returned slice must not be modified.
-func (o *Object) Encoded(e Encoding, encode func(runtime.Object) ([]byte, error)) ([]byte, error) {
-	encs := o.encs.Load()
-	if encs == nil {
-		o.encs.CompareAndSwap(nil, &encodings{})
-		encs = o.encs.Load()
-	}
-	if b := encs[e].Load(); b != nil {
-		return *b, nil
-	}
-	b, err := encode(o.Obj)
-	if err != nil {
-		return nil, err
-	}
-	if !encs[e].CompareAndSwap(nil, &b) {
-		return *encs[e].Load(), nil
-	}
-	return b, nil
-}
-
-// Key returns the object's store key: namespace/name, or name for
-// cluster-scoped objects.
-func (o *Object) Key() string { return keyString(o.Namespace(), o.Name()) }
-
-// Namespace returns the object's namespace (empty for cluster-scoped
-// resources). Object keeps no copy of what its object already holds.
-func (o *Object) Namespace() string { return o.meta().GetNamespace() }
-
-// Name returns the object's name.
-func (o *Object) Name() string { return o.meta().GetName() }
-
-// meta returns the object's metadata; Store admits only objects that
-// have it.
-func (o *Object) meta() metav1.Object {
-	m, _ := meta.Accessor(o.Obj)
-	return m
-}
-
-// objectKey identifies an object in a Store without allocating.
-type objectKey struct{ namespace, name string }
-
-func keyOf(o *Object) objectKey { return objectKey{o.Namespace(), o.Name()} }
-
-func keyString(namespace, name string) string {
-	if namespace == "" {
-		return name
-	}
-	return namespace + "/" + name
-}
-
-// keyLess orders objects as kube-apiserver lists them: by the bytes of
-// namespace/name (name alone for cluster-scoped objects), computed without
-// building the strings.
-func keyLess(a, b *Object) bool {
-	aNS, aName, bNS, bName := a.Namespace(), a.Name(), b.Namespace(), b.Name()
-	at := func(ns, name string, i int) (byte, bool) {
-		if ns != "" {
-			if i < len(ns) {
-				return ns[i], true
-			}
-			if i == len(ns) {
-				return '/', true
-			}
-			i -= len(ns) + 1
-		}
-		if i < len(name) {
-			return name[i], true
-		}
-		return 0, false
-	}
-	for i := 0; ; i++ {
-		x, okA := at(aNS, aName, i)
-		y, okB := at(bNS, bName, i)
-		switch {
-		case !okA || !okB:
-			return !okA && okB
-		case x != y:
-			return x < y
-		}
-	}
-}
-
-// fieldsOf returns what field selectors match on o, with the field labels
-// kube-apiserver supports for the resource. It is computed on each call:
-// neither the Store nor the Object keeps a copy (nor the function, which is
-// the Store's), so that a Store holds little more per object than a
-// client-go informer does.
-func fieldsOf(attrs AttrsFunc, o *Object) fields.Set {
-	if attrs == nil {
-		return fields.Set{}
-	}
-	_, f, err := attrs(o.Obj)
-	if err != nil {
-		return fields.Set{}
-	}
-	return f
-}
 
 // AttrsFunc returns the label and field sets of an object, as
 // kube-apiserver's registry computes them for selectors.
@@ -167,18 +29,19 @@ type Predicate struct {
 	Field     fields.Selector
 }
 
-// matches reports whether o is selected; attrs computes its fields.
+// matches reports whether o is selected; attrs computes the selector
+// attributes of objects that keep their decoded form.
 func (p Predicate) matches(attrs AttrsFunc, o *Object) bool {
 	if p.Namespace != "" && o.Namespace() != p.Namespace {
 		return false
 	}
-	if p.Label != nil && !p.Label.Empty() && !p.Label.Matches(o.Labels) {
-		return false
+	label := p.Label != nil && !p.Label.Empty()
+	field := p.Field != nil && !p.Field.Empty()
+	if !label && !field {
+		return true
 	}
-	if p.Field != nil && !p.Field.Empty() && !p.Field.Matches(fieldsOf(attrs, o)) {
-		return false
-	}
-	return true
+	l, f := o.selectable(attrs)
+	return (!label || p.Label.Matches(l)) && (!field || p.Field.Matches(f))
 }
 
 // Store holds the objects of one watched resource and the resource version
@@ -195,9 +58,15 @@ type Store struct {
 	prepare  func(runtime.Object) runtime.Object
 	onChange func()
 
+	// codec decodes the stored protobuf messages; set by the first
+	// built-in object, replaced if the type ever changes. fieldKeys is the
+	// latest packed field-key list, shared by objects that have the same.
+	codec     atomic.Pointer[protoCodec]
+	fieldKeys atomic.Pointer[string]
+
 	mu sync.RWMutex // protects the fields below
-	// objects by namespace and name.
-	objects map[objectKey]*Object
+	// objects by key (namespace/name, or name).
+	objects map[string]*Object
 	// sorted is objects in key order, rebuilt lazily; nil after a change.
 	sorted   []*Object
 	rv       uint64
@@ -218,7 +87,7 @@ var (
 // is called after each change, without the lock held.
 func NewStore(attrs AttrsFunc, prepare func(runtime.Object) runtime.Object, onChange func()) *Store {
 	return &Store{attrs: attrs, prepare: prepare, onChange: onChange,
-		objects: map[objectKey]*Object{}, rvChanged: make(chan struct{})}
+		objects: map[string]*Object{}, rvChanged: make(chan struct{})}
 }
 
 // ParseResourceVersion parses a resourceVersion as kube-apiserver's etcd3
@@ -258,11 +127,52 @@ func (s *Store) newObject(item any) (*Object, uint64, error) {
 			return nil, 0, err
 		}
 	}
-	o := &Object{Obj: obj}
-	if o.Labels, _, err = s.attrs(obj); err != nil {
+	o, err := s.compact(obj, m.GetNamespace(), m.GetName())
+	if err != nil {
 		return nil, 0, err
 	}
 	return o, rv, nil
+}
+
+// compact returns the Object of obj: a built-in object as its protobuf
+// message with its packed selector attributes, anything else as it is.
+func (s *Store) compact(obj runtime.Object, namespace, name string) (*Object, error) {
+	o := &Object{key: keyString(namespace, name)}
+	po, isProto := obj.(protoObject)
+	if !isProto {
+		o.obj = obj
+		return o, nil
+	}
+	var ls labels.Set
+	var fs fields.Set
+	if s.attrs != nil {
+		var err error
+		if ls, fs, err = s.attrs(obj); err != nil {
+			return nil, err
+		}
+	}
+	lp, okLabels := packMap(ls)
+	keys, values, okFields := packFields(fs)
+	if !okLabels || !okFields {
+		o.obj = obj
+		return o, nil
+	}
+	raw, err := po.Marshal()
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s %s: %w", obj.GetObjectKind().GroupVersionKind().Kind, o.key, err)
+	}
+	codec := s.codec.Load()
+	if !codec.matches(obj) {
+		codec = &protoCodec{typ: reflect.TypeOf(obj).Elem(), gvk: obj.GetObjectKind().GroupVersionKind()}
+		s.codec.Store(codec)
+	}
+	if k := s.fieldKeys.Load(); k != nil && *k == keys {
+		keys = *k
+	} else {
+		s.fieldKeys.Store(&keys)
+	}
+	o.labels, o.fieldKeys, o.fieldValues, o.raw, o.codec = lp, keys, values, raw, codec
+	return o, nil
 }
 
 // setRVLocked advances the RV; it never goes back. Callers hold mu.
@@ -283,9 +193,9 @@ func (s *Store) put(item any, remove bool) error {
 	}
 	s.mu.Lock()
 	if remove {
-		delete(s.objects, keyOf(o))
+		delete(s.objects, o.key)
 	} else {
-		s.objects[keyOf(o)] = o
+		s.objects[o.key] = o
 	}
 	s.sorted = nil
 	// A watch event's object carries the RV of the change (for a delete,
@@ -315,13 +225,13 @@ func (s *Store) Resync() error { return nil }
 // is synced from then on. Unlike event RVs, a relist may move the RV back
 // (for example after etcd was restored); the list is the truth.
 func (s *Store) Replace(items []any, resourceVersion string) error {
-	objects := make(map[objectKey]*Object, len(items))
+	objects := make(map[string]*Object, len(items))
 	for _, item := range items {
 		o, _, err := s.newObject(item)
 		if err != nil {
 			return err
 		}
-		objects[keyOf(o)] = o
+		objects[o.key] = o
 	}
 	rv, err := ParseResourceVersion(resourceVersion)
 	if err != nil {
@@ -392,7 +302,13 @@ func (s *Store) Len() int {
 func (s *Store) Get(namespace, name string) (o *Object, rv uint64, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	o, ok = s.objects[objectKey{namespace, name}]
+	if namespace == "" {
+		o, ok = s.objects[name]
+		return o, s.rv, ok
+	}
+	var buf [128]byte
+	key := append(append(append(buf[:0], namespace...), '/'), name...)
+	o, ok = s.objects[string(key)]
 	return o, s.rv, ok
 }
 
@@ -426,7 +342,8 @@ func (s *Store) sortedSnapshot() ([]*Object, uint64) {
 		for _, o := range s.objects {
 			sorted = append(sorted, o)
 		}
-		sort.Slice(sorted, func(i, j int) bool { return keyLess(sorted[i], sorted[j]) })
+		// kube-apiserver lists by key, bytewise.
+		slices.SortFunc(sorted, func(a, b *Object) int { return strings.Compare(a.key, b.key) })
 		s.sorted = sorted
 	}
 	return s.sorted, s.rv

@@ -63,22 +63,26 @@ func table(ctx context.Context, p *plan, obj runtime.Object) (*metav1.Table, err
 func (c *Cache) serveTable(w http.ResponseWriter, r *http.Request, p *plan) {
 	res := p.res
 	var obj runtime.Object
+	var err error
 	if p.verb == "get" {
 		o, _, ok := res.store.Get(p.namespace, p.name)
 		if !ok {
 			writeStatus(w, r, apierrors.NewNotFound(res.gvr.GroupResource(), p.name))
 			return
 		}
-		obj = o.Obj
+		if obj, err = o.Decoded(); err != nil {
+			c.encodingFailed(w, r, res, err)
+			return
+		}
 	} else {
 		objs, rv := p.snapshot()
 		list := &unstructured.UnstructuredList{Items: make([]unstructured.Unstructured, 0, len(objs))}
 		list.SetGroupVersionKind(res.gvk.GroupVersion().WithKind(res.gvk.Kind + "List"))
 		list.SetResourceVersion(fmt.Sprint(rv))
 		for _, o := range objs {
-			u, ok := o.Obj.(*unstructured.Unstructured)
+			u, ok := o.obj.(*unstructured.Unstructured)
 			if !ok {
-				c.encodingFailed(w, r, res, fmt.Errorf("unexpected cached type %T", o.Obj))
+				c.encodingFailed(w, r, res, fmt.Errorf("unexpected cached type %T", o.obj))
 				return
 			}
 			// A shallow copy: the row only reads the shared content.

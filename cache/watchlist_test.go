@@ -425,7 +425,11 @@ func TestMetadataFromCache(t *testing.T) {
 		ref := &metav1.PartialObjectMetadataList{ListMeta: metav1.ListMeta{ResourceVersion: "100"}}
 		ref.SetGroupVersionKind(metadataListGVK)
 		for _, o := range objs {
-			pm, _ := asPartialObjectMetadata(o.Obj)
+			obj, err := o.Decoded()
+			if err != nil {
+				t.Fatal(err)
+			}
+			pm, _ := asPartialObjectMetadata(obj)
 			ref.Items = append(ref.Items, *pm)
 		}
 		refBytes, err := json.Marshal(ref)
