@@ -203,7 +203,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		go func() { serveErr <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
 	}
 	if ml != nil {
-		msrv := &http.Server{Handler: a.metrics.handler(a.Ready), ReadHeaderTimeout: 10 * time.Second}
+		msrv := &http.Server{Handler: a.metrics.handler(a.Ready, a.cfg.Profiling), ReadHeaderTimeout: 10 * time.Second}
 		go func() { serveErr <- msrv.Serve(ml) }()
 		defer msrv.Close()
 	}

@@ -98,6 +98,9 @@ type Config struct {
 	// MetricsBindAddress serves /metrics, /healthz and /readyz; empty
 	// disables it.
 	MetricsBindAddress string
+	// Profiling adds net/http/pprof's handlers under /debug/pprof/ to the
+	// MetricsBindAddress listener.
+	Profiling bool
 
 	// ShutdownGracePeriod bounds how long in-flight requests and watches
 	// may run after the redirect is removed on shutdown.
@@ -195,6 +198,8 @@ func (c *Config) Validate() error {
 		return errors.New("--upstream-health-period must be positive")
 	case c.SyncPeriod <= 0:
 		return errors.New("--sync-period must be positive")
+	case c.Profiling && c.MetricsBindAddress == "":
+		return errors.New("--profiling needs --metrics-bind-address, which serves it")
 	case c.UpstreamCheckTimeout <= 0:
 		return errors.New("--upstream-check-timeout must be positive")
 	case c.ShutdownGracePeriod < 0:

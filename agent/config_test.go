@@ -50,6 +50,8 @@ func TestConfigValidate(t *testing.T) {
 		{"liveness set name too long", func(c *Config) { c.LivenessSet = strings.Repeat("X", 31) }, "--liveness-set"},
 		{"unknown iptables backend", func(c *Config) { c.IPTablesBackend = "ebpf" }, "--iptables-backend"},
 		{"no upstream health period", func(c *Config) { c.UpstreamHealthPeriod = 0 }, "--upstream-health-period"},
+		{"profiling without a metrics listener", func(c *Config) { c.Profiling = true }, "--profiling needs --metrics-bind-address"},
+		{"profiling on the metrics listener", func(c *Config) { c.Profiling, c.MetricsBindAddress = true, DefaultMetricsBindAddress }, ""},
 		{"built-in chain", func(c *Config) { c.Chain = "PREROUTING" }, "belongs to the kernel or kube-proxy"},
 		{"kube-proxy chain", func(c *Config) { c.Chain = "KUBE-SERVICES" }, "belongs to the kernel or kube-proxy"},
 		{"loopback listen address", func(c *Config) { c.ListenAddress = netip.MustParseAddrPort("127.0.0.5:10443") }, "loopback"},

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -159,9 +160,19 @@ func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// handler serves /metrics, /healthz and /readyz.
-func (m *metrics) handler(ready func() error) http.Handler {
+// handler serves /metrics, /healthz and /readyz, and with profiling
+// net/http/pprof's handlers under /debug/pprof/.
+func (m *metrics) handler(ready func() error, profiling bool) http.Handler {
 	mux := http.NewServeMux()
+	if profiling {
+		// pprof.Index also serves the named profiles (heap, goroutine,
+		// allocs, ...) below /debug/pprof/.
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		_, _ = w.Write([]byte("ok"))

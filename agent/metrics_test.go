@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -65,5 +67,40 @@ func TestResourceLabelsBounded(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.requests.WithLabelValues("list", "other", "forward", "200")); got != 7 {
 		t.Errorf("other = %v, want 7", got)
+	}
+}
+
+// TestProfilingHandlers checks that the metrics listener serves
+// /debug/pprof/ only when profiling is asked for, next to its usual paths.
+func TestProfilingHandlers(t *testing.T) {
+	for _, profiling := range []bool{false, true} {
+		t.Run(fmt.Sprintf("profiling=%v", profiling), func(t *testing.T) {
+			srv := httptest.NewServer(newMetrics().handler(func() error { return nil }, profiling))
+			defer srv.Close()
+			wantPprof := http.StatusNotFound
+			if profiling {
+				wantPprof = http.StatusOK
+			}
+			for path, want := range map[string]int{
+				"/healthz":                       http.StatusOK,
+				"/metrics":                       http.StatusOK,
+				"/debug/pprof/":                  wantPprof,
+				"/debug/pprof/goroutine?debug=1": wantPprof,
+				"/debug/pprof/cmdline":           wantPprof,
+			} {
+				resp, err := srv.Client().Get(srv.URL + path)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != want {
+					t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+				}
+				if path == "/debug/pprof/goroutine?debug=1" && profiling && !strings.Contains(string(body), "goroutine profile:") {
+					t.Errorf("GET %s: body is not a goroutine profile: %.100q", path, body)
+				}
+			}
+		})
 	}
 }

@@ -90,6 +90,7 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	fs.DurationVar(&c.UpstreamHealthPeriod, "upstream-health-period", agent.DefaultUpstreamHealthPeriod, "How often each kube-apiserver endpoint is health-checked.")
 	fs.DurationVar(&c.SyncPeriod, "sync-period", agent.DefaultSyncPeriod, "How often the redirect and address are checked and repaired.")
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", agent.DefaultMetricsBindAddress, "IP:port serving /metrics, /healthz and /readyz; empty disables.")
+	fs.BoolVar(&c.Profiling, "profiling", false, "Serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-bind-address.")
 	fs.DurationVar(&c.ShutdownGracePeriod, "shutdown-grace-period", agent.DefaultShutdownGracePeriod, "On SIGTERM, how long in-flight requests may run after the redirect is removed.")
 	fs.StringVar(&o.cacheSpec, "cache-resources", cache.DefaultResources, "Resources whose get and list requests are answered from the node-local cache, as RESOURCE[.GROUP][/VERSION] (custom resources included); pods and nodes are cached for this node only. Secrets are cached only if listed. Empty disables the cache.")
 	fs.DurationVar(&c.CacheWaitTimeout, "cache-wait-timeout", cache.DefaultWaitTimeout, "How long a read waits for the cache to reach the resourceVersion it needs (a requested one, or a write this agent forwarded) before it is forwarded instead.")
