@@ -275,10 +275,23 @@ func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
 		return
 	}
 	objs, rv := p.snapshot()
+	gzipOK := acceptsGzip(r)
+	if gzipOK {
+		if gz, ok := res.gzipped.lookup(p.media, objs, rv); ok {
+			writeGzip(w, gz)
+			return
+		}
+	}
 	body, err := enc.list(p.media, objs, rv)
 	if err != nil {
 		c.encodingFailed(w, r, res, err)
 		return
+	}
+	if gzipOK && body.size() > gzipThreshold {
+		if gz, err := res.gzipped.compress(p.media, objs, rv, body); err == nil {
+			writeGzip(w, gz)
+			return
+		}
 	}
 	bw := bufio.NewWriterSize(w, 32<<10)
 	if err := body.writeTo(bw); err == nil {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,11 +27,11 @@ import (
 // stubReviewer returns a fixed result and counts its calls.
 type stubReviewer struct {
 	result access.Result
-	calls  int
+	calls  atomic.Int64
 }
 
 func (f *stubReviewer) Review(*http.Request, *request.RequestInfo) access.Result {
-	f.calls++
+	f.calls.Add(1)
 	return f.result
 }
 
@@ -60,7 +61,7 @@ func newHandlerCache(t *testing.T) *handlerCache {
 		kind := map[string]string{"pods": "Pod", "services": "Service"}[r.spec.Resource]
 		r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind(kind), true, true
 		r.fields = fieldLabelsFor(gvr.GroupResource(), true, true)
-		r.store = NewStore(attrsFor(r.fields, true), r.prepare, nil)
+		r.store = NewStore(attrsFor(r.fields, true), r.prepare, r.changed(nil))
 		r.encoder = newEncoder(r.gvk, true)
 		r.ready.Store(true)
 		r.watchState.Store(1<<1 | 1)
@@ -244,9 +245,9 @@ func TestHandlerErrors(t *testing.T) {
 	if got := tc.get(t, "/api/v1/namespaces/ns/services"); !got.forwarded() {
 		t.Errorf("rejected token: %d, want forwarded", got.code)
 	}
-	calls := tc.reviewer.calls
+	calls := tc.reviewer.calls.Load()
 	tc.get(t, "/api/v1/namespaces/ns/configmaps")
-	if tc.reviewer.calls != calls {
+	if tc.reviewer.calls.Load() != calls {
 		t.Errorf("an uncovered request was reviewed")
 	}
 }
@@ -351,8 +352,8 @@ func TestObserveWriteKeepsBody(t *testing.T) {
 func TestHandlerForwardConsistentReads(t *testing.T) {
 	tc := newHandlerCache(t)
 	tc.cfg.ForwardConsistentReads = true
-	if got := tc.get(t, "/api/v1/namespaces/ns/services/s1"); !got.forwarded() || tc.reviewer.calls != 0 {
-		t.Errorf("consistent read: %d (reviews %d), want forwarded unreviewed", got.code, tc.reviewer.calls)
+	if got := tc.get(t, "/api/v1/namespaces/ns/services/s1"); !got.forwarded() || tc.reviewer.calls.Load() != 0 {
+		t.Errorf("consistent read: %d (reviews %d), want forwarded unreviewed", got.code, tc.reviewer.calls.Load())
 	}
 	if got := tc.get(t, "/api/v1/namespaces/ns/services/s1?resourceVersion=0"); got.code != 200 {
 		t.Errorf("RV=0 read: %d", got.code)

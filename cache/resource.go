@@ -51,6 +51,8 @@ type resource struct {
 	store   *Store
 	encoder *encoder
 	ready   atomic.Bool
+	// gzipped keeps recent compressed list bodies (response.go).
+	gzipped compressedLists
 
 	// watchState is the generation of the latest watch shifted left by
 	// one, with the low bit set while that watch is open. needReplaces is
@@ -232,13 +234,25 @@ func (r *resource) run(ctx context.Context, cfg *rest.Config, dc discovery.Disco
 		logger.Error(err, "Cannot watch resource; its requests are forwarded")
 		return
 	}
-	r.store = NewStore(attrsFor(r.fields, r.namespaced), r.prepare, onChange)
+	r.store = NewStore(attrsFor(r.fields, r.namespaced), r.prepare, r.changed(onChange))
 	r.encoder = newEncoder(r.gvk, r.builtin)
 	r.ready.Store(true)
 	logger.V(2).Info("Caching resource", "gvr", r.gvr, "scope", r.scope.String())
 	refl := toolscache.NewReflectorWithOptions(&healthListerWatcher{lw: toolscache.ToListerWatcherWithContext(lw), r: r},
 		expected, r.store, toolscache.ReflectorOptions{Name: "cache/" + r.label, TypeDescription: r.gvk.String()})
 	refl.RunWithContext(ctx)
+}
+
+// changed returns the Store's change hook: it drops the kept compressed
+// lists, which are of an older resourceVersion now (never to be reused, and
+// they must not keep replaced objects alive), then calls onChange.
+func (r *resource) changed(onChange func()) func() {
+	return func() {
+		r.gzipped.clear()
+		if onChange != nil {
+			onChange()
+		}
+	}
 }
 
 // prepare sets apiVersion and kind on typed objects, which decoding

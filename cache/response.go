@@ -1,0 +1,164 @@
+package cache
+
+import (
+	"bytes"
+	"compress/gzip"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+)
+
+// Lists are compressed as kube-apiserver compresses its responses: with
+// gzip at level 1 (least CPU) when the client accepts gzip and the body is
+// over 128 KiB (k8s.io/apiserver's responsewriters; its APIResponseCompression
+// feature is on by default).
+const (
+	gzipLevel     = gzip.BestSpeed
+	gzipThreshold = 128 << 10
+)
+
+// acceptsGzip reports whether r's Accept-Encoding names gzip, read the way
+// kube-apiserver reads it: comma-separated tokens, one of them exactly
+// "gzip" (a token with parameters such as "gzip;q=0" does not count).
+func acceptsGzip(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept-Encoding") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.TrimSpace(tok) == "gzip" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// maxCompressedLists bounds the compressed lists kept per resource.
+const maxCompressedLists = 4
+
+// compressedLists keeps a resource's most recent compressed list bodies.
+// Compressing a large list costs several times more CPU than writing it,
+// and callers on a node tend to list the same objects (an informer start,
+// a DaemonSet's pods each listing their node's pods), so a compressed body
+// is reused for as long as a list would select exactly the same objects at
+// the same resourceVersion. Objects are immutable in a Store (a change
+// replaces the Object), so the same Object pointers in the same order at
+// the same resourceVersion mean the same bytes, whatever selectors picked
+// them; access has been decided for each request before this is reached.
+type compressedLists struct {
+	mu      sync.Mutex  // protects the field below
+	entries []*gzipList // most recently used first
+}
+
+// gzipList is one compressed list body. gz and err are set once, by the
+// request that added the entry, before ready is closed.
+type gzipList struct {
+	media mediaType
+	rv    uint64
+	objs  []*Object
+
+	ready chan struct{}
+	gz    []byte
+	err   error
+}
+
+func (e *gzipList) matches(media mediaType, objs []*Object, rv uint64) bool {
+	return e.media == media && e.rv == rv && slices.Equal(e.objs, objs)
+}
+
+// find returns the entry for objs at rv in media, moved to the front, or
+// nil. l.mu must be held.
+func (l *compressedLists) find(media mediaType, objs []*Object, rv uint64) *gzipList {
+	for i, e := range l.entries {
+		if e.matches(media, objs, rv) {
+			copy(l.entries[1:i+1], l.entries[:i])
+			l.entries[0] = e
+			return e
+		}
+	}
+	return nil
+}
+
+// lookup returns the compressed body of objs at rv in media if it is kept
+// (waiting for a compression still running).
+func (l *compressedLists) lookup(media mediaType, objs []*Object, rv uint64) ([]byte, bool) {
+	l.mu.Lock()
+	e := l.find(media, objs, rv)
+	l.mu.Unlock()
+	if e == nil {
+		return nil, false
+	}
+	<-e.ready
+	return e.gz, e.err == nil
+}
+
+var gzipWriters = sync.Pool{New: func() any {
+	zw, _ := gzip.NewWriterLevel(nil, gzipLevel) // a valid level: no error
+	return zw
+}}
+
+// compress returns b, the body of objs at rv in media, compressed, and
+// keeps it for later lookups; concurrent callers for the same body share
+// one compression.
+func (l *compressedLists) compress(media mediaType, objs []*Object, rv uint64, b *body) ([]byte, error) {
+	l.mu.Lock()
+	e := l.find(media, objs, rv)
+	if e != nil {
+		l.mu.Unlock()
+		<-e.ready
+		return e.gz, e.err
+	}
+	e = &gzipList{media: media, rv: rv, objs: objs, ready: make(chan struct{})}
+	if len(l.entries) == maxCompressedLists {
+		l.entries[len(l.entries)-1] = nil
+		l.entries = l.entries[:len(l.entries)-1]
+	}
+	l.entries = slices.Insert(l.entries, 0, e)
+	l.mu.Unlock()
+
+	e.fill(b)
+	if e.err != nil {
+		l.drop(e)
+	}
+	return e.gz, e.err
+}
+
+// fill compresses b into e and then closes e.ready, whatever happens, so
+// that no waiter is left blocked.
+func (e *gzipList) fill(b *body) {
+	defer close(e.ready)
+	var buf bytes.Buffer
+	buf.Grow(b.size() / 4)
+	zw := gzipWriters.Get().(*gzip.Writer)
+	zw.Reset(&buf)
+	if e.err = b.writeTo(zw); e.err == nil {
+		e.err = zw.Close()
+	}
+	zw.Reset(nil)
+	gzipWriters.Put(zw)
+	e.gz = buf.Bytes()
+}
+
+// clear drops every kept body; compressions still running finish for
+// their callers.
+func (l *compressedLists) clear() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	clear(l.entries)
+	l.entries = l.entries[:0]
+}
+
+func (l *compressedLists) drop(e *gzipList) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i := slices.Index(l.entries, e); i >= 0 {
+		l.entries = slices.Delete(l.entries, i, i+1)
+	}
+}
+
+// writeGzip writes a compressed body with kube-apiserver's headers for it.
+func writeGzip(w http.ResponseWriter, gz []byte) {
+	h := w.Header()
+	h.Set("Content-Encoding", "gzip")
+	h.Add("Vary", "Accept-Encoding")
+	_, _ = w.Write(gz)
+}
