@@ -2,7 +2,12 @@ package access
 
 import (
 	"context"
-	"encoding/json"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
 	"golang.org/x/sync/singleflight"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -15,9 +20,24 @@ import (
 // The shared call runs with the first caller's values but without its
 // cancellation, so one caller going away does not fail the others; the
 // authorizer below bounds its time.
+//
+// It also keeps each decision that a review sent to kube-apiserver made, for
+// allowTTL or denyTTL from the moment the review started: no longer than the
+// authorizer below caches the same answer, so the answer is the one it
+// would give, without its per-call work (it keys its cache by the review
+// serialized to JSON). Decisions the authorizer answered from its own cache
+// are not kept, since their age is unknown.
 type dedupe struct {
 	authorizer.Authorizer
 	group singleflight.Group
+	// allowTTL and denyTTL are how long decisions are kept; zero keeps
+	// none.
+	allowTTL, denyTTL time.Duration
+	// now is the clock; nil means time.Now.
+	now func() time.Time
+
+	mu   sync.Mutex // protects the field below
+	kept map[string]keptDecision
 }
 
 type decisionResult struct {
@@ -25,45 +45,150 @@ type decisionResult struct {
 	reason   string
 }
 
+type keptDecision struct {
+	decisionResult
+	expires time.Time
+}
+
+// maxKeptDecisions bounds the kept decisions; callers choose the keys
+// (user, selectors), so past the bound the expired ones are dropped, and
+// all of them if that is not enough.
+const maxKeptDecisions = 4096
+
 func (d *dedupe) Authorize(ctx context.Context, attrs authorizer.Attributes) (authorizer.Decision, string, error) {
 	key, err := decisionKey(attrs)
 	if err != nil {
 		return d.Authorizer.Authorize(ctx, attrs)
 	}
+	if res, ok := d.lookup(key); ok {
+		return res.decision, res.reason, nil
+	}
 	v, err, _ := d.group.Do(key, func() (any, error) {
+		start := d.clock()
+		out, _ := ctx.Value(outcomeKey{}).(*reviewOutcome)
+		var before int32
+		if out != nil {
+			before = out.calls.Load()
+		}
 		decision, reason, err := d.Authorizer.Authorize(context.WithoutCancel(ctx), attrs)
-		return decisionResult{decision, reason}, err
+		res := decisionResult{decision, reason}
+		if err == nil && out != nil && out.calls.Load() > before && out.answered.Load() {
+			d.keep(key, res, start)
+		}
+		return res, err
 	})
 	res := v.(decisionResult)
 	return res.decision, res.reason, err
 }
 
+func (d *dedupe) clock() time.Time {
+	if d.now != nil {
+		return d.now()
+	}
+	return time.Now()
+}
+
+func (d *dedupe) lookup(key string) (decisionResult, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k, ok := d.kept[key]
+	if !ok || !d.clock().Before(k.expires) {
+		return decisionResult{}, false
+	}
+	return k.decisionResult, true
+}
+
+// keep keeps res, reviewed from start on.
+func (d *dedupe) keep(key string, res decisionResult, start time.Time) {
+	ttl := d.denyTTL
+	if res.decision == authorizer.DecisionAllow {
+		ttl = d.allowTTL
+	}
+	if ttl <= 0 {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.kept == nil {
+		d.kept = map[string]keptDecision{}
+	}
+	if len(d.kept) >= maxKeptDecisions {
+		now := d.clock()
+		for k, v := range d.kept {
+			if !now.Before(v.expires) {
+				delete(d.kept, k)
+			}
+		}
+		if len(d.kept) >= maxKeptDecisions {
+			clear(d.kept)
+		}
+	}
+	d.kept[key] = keptDecision{res, start.Add(ttl)}
+}
+
 // decisionKey identifies an authorization by everything a
 // SubjectAccessReview carries, so that two callers share a call only when
-// their reviews would be identical.
+// their reviews would be identical. Every value is written with its
+// length, so that no two different reviews have the same key.
 func decisionKey(a authorizer.Attributes) (string, error) {
-	k := struct {
-		User, UID, Verb, Namespace, Resource, Subresource, Name, Group, Version, Path string
-		Groups                                                                        []string
-		Extra                                                                         map[string][]string
-		IsResource                                                                    bool
-		Labels, Fields                                                                []string
-	}{Verb: a.GetVerb(), Namespace: a.GetNamespace(), Resource: a.GetResource(), Subresource: a.GetSubresource(),
-		Name: a.GetName(), Group: a.GetAPIGroup(), Version: a.GetAPIVersion(), Path: a.GetPath(),
-		IsResource: a.IsResourceRequest()}
+	var b strings.Builder
+	b.Grow(256)
+	str := func(s string) {
+		b.WriteString(strconv.Itoa(len(s)))
+		b.WriteByte(':')
+		b.WriteString(s)
+	}
+	strs := func(l []string) {
+		b.WriteString(strconv.Itoa(len(l)))
+		b.WriteByte('[')
+		for _, s := range l {
+			str(s)
+		}
+	}
+	for _, s := range []string{a.GetVerb(), a.GetNamespace(), a.GetResource(), a.GetSubresource(),
+		a.GetName(), a.GetAPIGroup(), a.GetAPIVersion(), a.GetPath()} {
+		str(s)
+	}
+	if a.IsResourceRequest() {
+		b.WriteByte('R')
+	} else {
+		b.WriteByte('N')
+	}
 	if u := a.GetUser(); u != nil {
-		k.User, k.UID, k.Groups, k.Extra = u.GetName(), u.GetUID(), u.GetGroups(), u.GetExtra()
+		b.WriteByte('U')
+		str(u.GetName())
+		str(u.GetUID())
+		strs(u.GetGroups())
+		extra := u.GetExtra()
+		keys := slices.Sorted(maps.Keys(extra))
+		b.WriteString(strconv.Itoa(len(keys)))
+		b.WriteByte('{')
+		for _, k := range keys {
+			str(k)
+			strs(extra[k])
+		}
+	} else {
+		b.WriteByte('-')
 	}
 	if reqs, err := a.GetLabelSelector(); err == nil {
+		b.WriteString(strconv.Itoa(len(reqs)))
+		b.WriteByte('L')
 		for _, r := range reqs {
-			k.Labels = append(k.Labels, r.String())
+			str(r.String())
 		}
+	} else {
+		b.WriteByte('!')
 	}
 	if reqs, err := a.GetFieldSelector(); err == nil {
+		b.WriteString(strconv.Itoa(len(reqs)))
+		b.WriteByte('F')
 		for _, r := range reqs {
-			k.Fields = append(k.Fields, r.Field+"\x00"+string(r.Operator)+"\x00"+r.Value)
+			str(r.Field)
+			str(string(r.Operator))
+			str(r.Value)
 		}
+	} else {
+		b.WriteByte('!')
 	}
-	b, err := json.Marshal(k)
-	return string(b), err
+	return b.String(), nil
 }

@@ -2,6 +2,7 @@ package access
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -146,5 +147,154 @@ func TestDecisionKey(t *testing.T) {
 			t.Errorf("%s shares a key with %s", name, other)
 		}
 		seen[k] = name
+	}
+}
+
+// reviewingAuthorizer answers as kube-apiserver would, allowing only
+// alice, and records a review in the caller's outcome, as the review
+// clients' transport does, unless cached is set (an answer from the
+// authorizer's own cache).
+type reviewingAuthorizer struct {
+	calls  atomic.Int32
+	cached atomic.Bool
+	fail   atomic.Bool
+}
+
+func (r *reviewingAuthorizer) Authorize(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+	r.calls.Add(1)
+	if out, _ := ctx.Value(outcomeKey{}).(*reviewOutcome); out != nil && !r.cached.Load() {
+		out.calls.Add(1)
+		out.answered.Store(!r.fail.Load())
+	}
+	if r.fail.Load() {
+		return authorizer.DecisionNoOpinion, "", context.DeadlineExceeded
+	}
+	if a.GetUser().GetName() == "alice" {
+		return authorizer.DecisionAllow, "", nil
+	}
+	return authorizer.DecisionNoOpinion, "not alice", nil
+}
+
+// TestDedupeKeepsReviewedDecisions: a decision that a review made is
+// reused, for its caller's key only, until its TTL from the start of the
+// review has passed; answers the authorizer took from its own cache and
+// failed reviews are not kept.
+func TestDedupeKeepsReviewedDecisions(t *testing.T) {
+	now := time.Unix(1000, 0)
+	r := &reviewingAuthorizer{}
+	d := &dedupe{Authorizer: r, allowTTL: 10 * time.Second, denyTTL: 5 * time.Second, now: func() time.Time { return now }}
+	authorize := func(name string) authorizer.Decision {
+		t.Helper()
+		ctx, _ := withOutcome(context.Background())
+		dec, _, _ := d.Authorize(ctx, attrsFor(name))
+		return dec
+	}
+
+	// Given alice allowed and bob denied by a review each,
+	if authorize("alice") != authorizer.DecisionAllow || authorize("bob") != authorizer.DecisionNoOpinion || r.calls.Load() != 2 {
+		t.Fatalf("first decisions: %d reviews, want 2", r.calls.Load())
+	}
+	// then both are reused within their TTLs, each for its own user,
+	now = now.Add(4 * time.Second)
+	if authorize("alice") != authorizer.DecisionAllow || authorize("bob") != authorizer.DecisionNoOpinion || r.calls.Load() != 2 {
+		t.Errorf("within the TTLs: %d reviews, want the 2 decisions reused", r.calls.Load())
+	}
+	// the denial is reviewed again once the deny TTL has passed,
+	now = now.Add(time.Second) // 5s after the reviews
+	if authorize("bob") != authorizer.DecisionNoOpinion || r.calls.Load() != 3 {
+		t.Errorf("at the deny TTL: %d reviews, want 3", r.calls.Load())
+	}
+	now = now.Add(4 * time.Second) // 9s
+	if authorize("alice") != authorizer.DecisionAllow || r.calls.Load() != 3 {
+		t.Errorf("within the allow TTL: %d reviews, want 3", r.calls.Load())
+	}
+	// and the allow once its TTL has passed.
+	now = now.Add(time.Second) // 10s
+	if authorize("alice") != authorizer.DecisionAllow || r.calls.Load() != 4 {
+		t.Errorf("at the allow TTL: %d reviews, want 4", r.calls.Load())
+	}
+
+	// An answer from the authorizer's own cache is not kept: its age is
+	// unknown.
+	r.cached.Store(true)
+	if authorize("carol"); authorize("carol") != authorizer.DecisionNoOpinion || r.calls.Load() != 6 {
+		t.Errorf("answers from the authorizer's cache: %d calls, want 6 (none kept)", r.calls.Load())
+	}
+	// Nor is a failed review.
+	r.cached.Store(false)
+	r.fail.Store(true)
+	if authorize("dave"); authorize("dave") != authorizer.DecisionNoOpinion || r.calls.Load() != 8 {
+		t.Errorf("failed reviews: %d calls, want 8 (none kept)", r.calls.Load())
+	}
+}
+
+// TestKeptDecisionsBounded: callers choose the keys, so the kept decisions
+// stay bounded.
+func TestKeptDecisionsBounded(t *testing.T) {
+	d := &dedupe{allowTTL: 10 * time.Second, denyTTL: 10 * time.Second}
+	for i := range 3 * maxKeptDecisions {
+		d.keep(fmt.Sprint(i), decisionResult{decision: authorizer.DecisionAllow}, time.Now())
+	}
+	if n := len(d.kept); n > maxKeptDecisions {
+		t.Errorf("%d kept decisions, want at most %d", n, maxKeptDecisions)
+	}
+	if _, ok := d.lookup(fmt.Sprint(3*maxKeptDecisions - 1)); !ok {
+		t.Errorf("the latest decision is not kept")
+	}
+}
+
+// TestDecisionKeyBoundaries: values that run together when concatenated
+// still give different keys.
+func TestDecisionKeyBoundaries(t *testing.T) {
+	with := func(edit func(*authorizer.AttributesRecord)) string {
+		a := attrsFor("alice").(authorizer.AttributesRecord)
+		edit(&a)
+		k, err := decisionKey(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	pairs := map[string][2]func(*authorizer.AttributesRecord){
+		"groups split differently": {
+			func(a *authorizer.AttributesRecord) {
+				a.User = &user.DefaultInfo{Name: "alice", Groups: []string{"a", "b"}}
+			},
+			func(a *authorizer.AttributesRecord) {
+				a.User = &user.DefaultInfo{Name: "alice", Groups: []string{"ab"}}
+			},
+		},
+		"extra key and value": {
+			func(a *authorizer.AttributesRecord) {
+				a.User = &user.DefaultInfo{Name: "alice", Extra: map[string][]string{"k": {"v"}}}
+			},
+			func(a *authorizer.AttributesRecord) {
+				a.User = &user.DefaultInfo{Name: "alice", Extra: map[string][]string{"kv": nil}}
+			},
+		},
+		"namespace and name": {
+			func(a *authorizer.AttributesRecord) { a.Namespace, a.Name = "ab", "" },
+			func(a *authorizer.AttributesRecord) { a.Namespace, a.Name = "a", "b" },
+		},
+		"user name and uid": {
+			func(a *authorizer.AttributesRecord) { a.User = &user.DefaultInfo{Name: "alice1", UID: "2"} },
+			func(a *authorizer.AttributesRecord) { a.User = &user.DefaultInfo{Name: "alice", UID: "12"} },
+		},
+		"no user and an empty user": {
+			func(a *authorizer.AttributesRecord) { a.User = nil },
+			func(a *authorizer.AttributesRecord) { a.User = &user.DefaultInfo{} },
+		},
+	}
+	for name, p := range pairs {
+		if with(p[0]) == with(p[1]) {
+			t.Errorf("%s: same key", name)
+		}
+	}
+	// The same review gives the same key, whatever the order of extra.
+	extra := func(a *authorizer.AttributesRecord) {
+		a.User = &user.DefaultInfo{Name: "alice", Extra: map[string][]string{"a": {"1"}, "b": {"2"}, "c": {"3"}}}
+	}
+	if with(extra) != with(extra) {
+		t.Errorf("the same review has two keys")
 	}
 }

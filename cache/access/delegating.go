@@ -130,7 +130,7 @@ func New(cfg *rest.Config, opts Options) (*Delegating, error) {
 	}
 	return &Delegating{
 		authn:   cache.New(tokenReviewer{webhook, m}, false, opts.TokenTTL, opts.TokenTTL),
-		authz:   &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}},
+		authz:   &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}, allowTTL: opts.AllowTTL, denyTTL: opts.DenyTTL},
 		metrics: m,
 	}, nil
 }
