@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"regexp"
 	"syscall"
 	"time"
 
@@ -40,6 +41,12 @@ type options struct {
 	accept    string
 	// storm is how many informer processes start at once in the storm case.
 	storm int
+	// cases selects the measured cases by name.
+	cases *regexp.Regexp
+	// profileDir, when set, receives a CPU profile of the agent per case,
+	// each over profileTime.
+	profileDir  string
+	profileTime time.Duration
 }
 
 func main() {
@@ -52,10 +59,28 @@ func main() {
 	flag.IntVar(&o.requests, "requests", 1000, "measured requests per case and path")
 	flag.IntVar(&o.inflight, "inflight", 4, "requests in flight per case")
 	flag.IntVar(&o.warmup, "warmup", 20, "unmeasured requests before each case")
-	flag.IntVar(&o.copies, "heap-copies", 5, "independent caches built to measure heap per pod (more is steadier)")
+	flag.IntVar(&o.copies, "heap-copies", 10, "independent caches built to measure heap per pod (more is steadier)")
 	flag.StringVar(&o.accept, "accept", "application/vnd.kubernetes.protobuf, application/json", "Accept header of the measured requests")
 	flag.IntVar(&o.storm, "storm-informers", 50, "informer processes started at once in the start-up storm case (0 skips it)")
+	cases := flag.String("cases", "", "regular expression selecting the measured cases by name (default all), e.g. 'node pods'")
+	flag.StringVar(&o.profileDir, "agent-profile", "", "directory to write a CPU profile of the agent into for each case (<case>.pprof, for go tool pprof), taken over -agent-profile-time of the case's requests after its measured ones; runs the agent with --profiling")
+	flag.DurationVar(&o.profileTime, "agent-profile-time", 10*time.Second, "how long each -agent-profile profile runs")
 	flag.Parse()
+	var err error
+	if o.cases, err = regexp.Compile(*cases); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: -cases: %v\n", err)
+		os.Exit(2)
+	}
+	if o.profileDir != "" {
+		if o.profileTime < time.Second {
+			fmt.Fprintln(os.Stderr, "bench: -agent-profile-time must be at least 1s")
+			os.Exit(2)
+		}
+		if err := os.MkdirAll(o.profileDir, 0o755); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: -agent-profile: %v\n", err)
+			os.Exit(2)
+		}
+	}
 	if o.nodePods > o.pods || o.requests <= 0 || o.inflight <= 0 || o.otherNode <= 0 || o.copies <= 0 {
 		fmt.Fprintln(os.Stderr, "bench: need 0 < node-pods <= pods, and positive requests, inflight, other-nodes and heap-copies")
 		os.Exit(2)

@@ -80,14 +80,15 @@ func newMeasurer(b *bench) (*measurer, error) {
 	return m, nil
 }
 
-// measure runs the warm-up, then the measured requests of bc along one
-// path, and what they cost kube-apiserver.
-func (m *measurer) measure(ctx context.Context, bc benchCase, viaAgent bool) (result, error) {
+// requester returns a function that sends one request of bc along one path
+// and reads the whole answer; it reports the latency, and an error for
+// anything but 200.
+func (m *measurer) requester(bc benchCase, viaAgent bool) func(context.Context) (time.Duration, error) {
 	client, base := m.directClient, m.directBase
 	if viaAgent {
 		client, base = m.agentClient, m.agentBase
 	}
-	get := func(ctx context.Context) (time.Duration, error) {
+	return func(ctx context.Context) (time.Duration, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+bc.path, nil)
 		if err != nil {
 			return 0, err
@@ -108,6 +109,12 @@ func (m *measurer) measure(ctx context.Context, bc benchCase, viaAgent bool) (re
 		}
 		return d, err
 	}
+}
+
+// measure runs the warm-up, then the measured requests of bc along one
+// path, and what they cost kube-apiserver.
+func (m *measurer) measure(ctx context.Context, bc benchCase, viaAgent bool) (result, error) {
+	get := m.requester(bc, viaAgent)
 	for range m.b.o.warmup {
 		if _, err := get(ctx); err != nil {
 			return result{}, fmt.Errorf("warm-up of %s: %w", bc.name, err)
