@@ -39,7 +39,7 @@ func objectsOf(t *testing.T, r *resource, items ...runtime.Object) []*Object {
 	st := NewStore(attrsFor(r.fields, r.namespaced), r.prepare, nil)
 	var out []*Object
 	for _, it := range items {
-		o, _, err := st.newObject(it.DeepCopyObject())
+		o, _, err := st.newObject(it.DeepCopyObject(), false)
 		if err != nil {
 			t.Fatal(err)
 		}

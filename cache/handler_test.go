@@ -328,7 +328,7 @@ func TestObserveWriteKeepsBody(t *testing.T) {
 
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s1", Namespace: "ns", ResourceVersion: "44"}}
 	svc.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Service"))
-	o, _, err := tc.services.store.newObject(svc)
+	o, _, err := tc.services.store.newObject(svc, false)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -103,8 +103,9 @@ func ParseResourceVersion(rv string) (uint64, error) {
 	return n, nil
 }
 
-// newObject wraps item and returns it with its resourceVersion.
-func (s *Store) newObject(item any) (*Object, uint64, error) {
+// newObject wraps item and returns it with its resourceVersion. For a
+// removal (key only) only the key is filled in.
+func (s *Store) newObject(item any, keyOnly bool) (*Object, uint64, error) {
 	obj, ok := item.(runtime.Object)
 	if !ok {
 		if d, isTomb := item.(toolscache.DeletedFinalStateUnknown); isTomb {
@@ -126,6 +127,9 @@ func (s *Store) newObject(item any) (*Object, uint64, error) {
 		if rv, err = ParseResourceVersion(v); err != nil {
 			return nil, 0, err
 		}
+	}
+	if keyOnly {
+		return &Object{key: keyString(m.GetNamespace(), m.GetName())}, rv, nil
 	}
 	o, err := s.compact(obj, m.GetNamespace(), m.GetName())
 	if err != nil {
@@ -187,7 +191,7 @@ func (s *Store) setRVLocked(rv uint64) bool {
 }
 
 func (s *Store) put(item any, remove bool) error {
-	o, rv, err := s.newObject(item)
+	o, rv, err := s.newObject(item, remove)
 	if err != nil {
 		return err
 	}
@@ -227,7 +231,7 @@ func (s *Store) Resync() error { return nil }
 func (s *Store) Replace(items []any, resourceVersion string) error {
 	objects := make(map[string]*Object, len(items))
 	for _, item := range items {
-		o, _, err := s.newObject(item)
+		o, _, err := s.newObject(item, false)
 		if err != nil {
 			return err
 		}
