@@ -274,6 +274,9 @@ func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
 		_ = body.writeTo(w)
 		return
 	}
+	// Read before the snapshot, unless the handler took it already (the
+	// Store's resourceVersion is checked too).
+	gen := res.gzipped.generation()
 	objs, rv := p.snapshot()
 	gzipOK := acceptsGzip(r)
 	if gzipOK {
@@ -288,7 +291,7 @@ func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
 		return
 	}
 	if gzipOK && body.size() > gzipThreshold {
-		if gz, err := res.gzipped.compress(p.media, objs, rv, body); err == nil {
+		if gz, err := res.gzipped.compress(gen, res.store.ResourceVersion, p.media, objs, rv, body); err == nil {
 			writeGzip(w, gz)
 			return
 		}

@@ -3,6 +3,7 @@ package cache
 import (
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -22,11 +23,10 @@ const (
 // kube-apiserver reads it: comma-separated tokens, one of them exactly
 // "gzip" (a token with parameters such as "gzip;q=0" does not count).
 func acceptsGzip(r *http.Request) bool {
-	for _, v := range r.Header.Values("Accept-Encoding") {
-		for tok := range strings.SplitSeq(v, ",") {
-			if strings.TrimSpace(tok) == "gzip" {
-				return true
-			}
+	// kube-apiserver reads the first Accept-Encoding line only.
+	for tok := range strings.SplitSeq(r.Header.Get("Accept-Encoding"), ",") {
+		if strings.TrimSpace(tok) == "gzip" {
+			return true
 		}
 	}
 	return false
@@ -45,8 +45,19 @@ const maxCompressedLists = 4
 // the same resourceVersion mean the same bytes, whatever selectors picked
 // them; access has been decided for each request before this is reached.
 type compressedLists struct {
-	mu      sync.Mutex  // protects the field below
+	mu      sync.Mutex  // protects the fields below
 	entries []*gzipList // most recently used first
+	// gen counts clears: a body compressed from a snapshot taken before
+	// a clear is of an older resourceVersion and is not kept.
+	gen uint64
+}
+
+// generation returns the clear count, to be read before a snapshot that
+// may be compressed.
+func (l *compressedLists) generation() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.gen
 }
 
 // gzipList is one compressed list body. gz and err are set once, by the
@@ -97,9 +108,12 @@ var gzipWriters = sync.Pool{New: func() any {
 }}
 
 // compress returns b, the body of objs at rv in media, compressed, and
-// keeps it for later lookups; concurrent callers for the same body share
-// one compression.
-func (l *compressedLists) compress(media mediaType, objs []*Object, rv uint64, b *body) ([]byte, error) {
+// keeps it for later lookups unless it is already outdated: the lists
+// were cleared since generation gen, or current (the Store's
+// resourceVersion, read under l.mu so that a change's clear always comes
+// after) is no longer rv. Concurrent callers for the same body share one
+// compression.
+func (l *compressedLists) compress(gen uint64, current func() uint64, media mediaType, objs []*Object, rv uint64, b *body) ([]byte, error) {
 	l.mu.Lock()
 	e := l.find(media, objs, rv)
 	if e != nil {
@@ -108,6 +122,11 @@ func (l *compressedLists) compress(media mediaType, objs []*Object, rv uint64, b
 		return e.gz, e.err
 	}
 	e = &gzipList{media: media, rv: rv, objs: objs, ready: make(chan struct{})}
+	if gen != l.gen || current() != rv {
+		l.mu.Unlock()
+		e.fill(b)
+		return e.gz, e.err
+	}
 	if len(l.entries) == maxCompressedLists {
 		l.entries[len(l.entries)-1] = nil
 		l.entries = l.entries[:len(l.entries)-1]
@@ -126,16 +145,20 @@ func (l *compressedLists) compress(media mediaType, objs []*Object, rv uint64, b
 // that no waiter is left blocked.
 func (e *gzipList) fill(b *body) {
 	defer close(e.ready)
+	// Waiters see this if compressing panics.
+	e.err = errors.New("list compression did not finish")
 	var buf bytes.Buffer
 	buf.Grow(b.size() / 4)
 	zw := gzipWriters.Get().(*gzip.Writer)
 	zw.Reset(&buf)
-	if e.err = b.writeTo(zw); e.err == nil {
-		e.err = zw.Close()
+	err := b.writeTo(zw)
+	if err == nil {
+		err = zw.Close()
 	}
 	zw.Reset(nil)
 	gzipWriters.Put(zw)
-	e.gz = buf.Bytes()
+	// Kept as long as the entry: no spare capacity.
+	e.gz, e.err = bytes.Clone(buf.Bytes()), err
 }
 
 // clear drops every kept body; compressions still running finish for
@@ -145,6 +168,7 @@ func (l *compressedLists) clear() {
 	defer l.mu.Unlock()
 	clear(l.entries)
 	l.entries = l.entries[:0]
+	l.gen++
 }
 
 func (l *compressedLists) drop(e *gzipList) {

@@ -213,3 +213,43 @@ func TestCompressedListConcurrent(t *testing.T) {
 		t.Errorf("%d kept bodies after concurrent identical lists, want 1", len(tc.pods.gzipped.entries))
 	}
 }
+
+// TestCompressedListOutdatedNotKept: a body compressed from a snapshot the
+// resource has moved past (a change cleared the kept bodies meanwhile, or
+// its resourceVersion is no longer the Store's) is answered but not kept,
+// so it keeps no replaced objects alive.
+func TestCompressedListOutdatedNotKept(t *testing.T) {
+	tc := newHandlerCache(t)
+	fillLargePods(t, tc, 200, "1000")
+	res := tc.pods
+	objs, rv := res.store.Snapshot(Predicate{})
+	b, err := res.encoder.list(mediaJSON, objs, rv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	current := func() uint64 { return rv }
+	for _, tt := range []struct {
+		name    string
+		gen     uint64
+		current func() uint64
+	}{
+		{"cleared since the snapshot", res.gzipped.generation() + 1, current},
+		{"resourceVersion moved on", res.gzipped.generation(), func() uint64 { return rv + 1 }},
+	} {
+		gz, err := res.gzipped.compress(tt.gen, tt.current, mediaJSON, objs, rv, b)
+		if err != nil || len(gz) == 0 {
+			t.Fatalf("%s: %v, %d bytes", tt.name, err, len(gz))
+		}
+		if n := len(res.gzipped.entries); n != 0 {
+			t.Errorf("%s: %d bodies kept, want 0", tt.name, n)
+		}
+	}
+	if _, err := res.gzipped.compress(res.gzipped.generation(), current, mediaJSON, objs, rv, b); err != nil || len(res.gzipped.entries) != 1 {
+		t.Errorf("current snapshot: %v, %d bodies kept, want 1", err, len(res.gzipped.entries))
+	}
+	// A change clears it.
+	res.store.UpdateResourceVersion(fmt.Sprint(rv + 5))
+	if n := len(res.gzipped.entries); n != 0 {
+		t.Errorf("after a change: %d bodies kept, want 0", n)
+	}
+}

@@ -55,6 +55,11 @@ type keptDecision struct {
 // all of them if that is not enough.
 const maxKeptDecisions = 4096
 
+// maxKeptKey bounds the size of a kept decision's key (callers choose
+// selectors as long as their request headers allow); longer ones are
+// reviewed each time, as the authorizer does not cache them either.
+const maxKeptKey = 16 << 10
+
 func (d *dedupe) Authorize(ctx context.Context, attrs authorizer.Attributes) (authorizer.Decision, string, error) {
 	key, err := decisionKey(attrs)
 	if err != nil {
@@ -92,7 +97,11 @@ func (d *dedupe) lookup(key string) (decisionResult, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	k, ok := d.kept[key]
-	if !ok || !d.clock().Before(k.expires) {
+	if !ok {
+		return decisionResult{}, false
+	}
+	if !d.clock().Before(k.expires) {
+		delete(d.kept, key)
 		return decisionResult{}, false
 	}
 	return k.decisionResult, true
@@ -104,7 +113,7 @@ func (d *dedupe) keep(key string, res decisionResult, start time.Time) {
 	if res.decision == authorizer.DecisionAllow {
 		ttl = d.allowTTL
 	}
-	if ttl <= 0 {
+	if ttl <= 0 || len(key) > maxKeptKey {
 		return
 	}
 	d.mu.Lock()
@@ -170,24 +179,28 @@ func decisionKey(a authorizer.Attributes) (string, error) {
 	} else {
 		b.WriteByte('-')
 	}
-	if reqs, err := a.GetLabelSelector(); err == nil {
-		b.WriteString(strconv.Itoa(len(reqs)))
-		b.WriteByte('L')
-		for _, r := range reqs {
-			str(r.String())
-		}
-	} else {
+	// The review carries the requirements even when parsing them failed,
+	// so both go into the key.
+	labelReqs, labelErr := a.GetLabelSelector()
+	b.WriteString(strconv.Itoa(len(labelReqs)))
+	b.WriteByte('L')
+	for _, r := range labelReqs {
+		str(r.Key())
+		str(string(r.Operator()))
+		strs(r.ValuesUnsorted())
+	}
+	if labelErr != nil {
 		b.WriteByte('!')
 	}
-	if reqs, err := a.GetFieldSelector(); err == nil {
-		b.WriteString(strconv.Itoa(len(reqs)))
-		b.WriteByte('F')
-		for _, r := range reqs {
-			str(r.Field)
-			str(string(r.Operator))
-			str(r.Value)
-		}
-	} else {
+	fieldReqs, fieldErr := a.GetFieldSelector()
+	b.WriteString(strconv.Itoa(len(fieldReqs)))
+	b.WriteByte('F')
+	for _, r := range fieldReqs {
+		str(r.Field)
+		str(string(r.Operator))
+		str(r.Value)
+	}
+	if fieldErr != nil {
 		b.WriteByte('!')
 	}
 	return b.String(), nil

@@ -2,7 +2,9 @@ package access
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -241,6 +243,20 @@ func TestKeptDecisionsBounded(t *testing.T) {
 	if _, ok := d.lookup(fmt.Sprint(3*maxKeptDecisions - 1)); !ok {
 		t.Errorf("the latest decision is not kept")
 	}
+	// A key longer than the bound is not kept at all.
+	long := strings.Repeat("x", maxKeptKey+1)
+	d.keep(long, decisionResult{decision: authorizer.DecisionAllow}, time.Now())
+	if _, ok := d.lookup(long); ok {
+		t.Errorf("a %d-byte key was kept", len(long))
+	}
+	// An expired decision is dropped when looked up.
+	d.keep("old", decisionResult{decision: authorizer.DecisionAllow}, time.Now().Add(-time.Minute))
+	if _, ok := d.lookup("old"); ok {
+		t.Errorf("an expired decision was answered")
+	}
+	if _, ok := d.kept["old"]; ok {
+		t.Errorf("an expired decision was looked up and kept")
+	}
 }
 
 // TestDecisionKeyBoundaries: values that run together when concatenated
@@ -283,6 +299,36 @@ func TestDecisionKeyBoundaries(t *testing.T) {
 		"no user and an empty user": {
 			func(a *authorizer.AttributesRecord) { a.User = nil },
 			func(a *authorizer.AttributesRecord) { a.User = &user.DefaultInfo{} },
+		},
+		// The review sends requirements even alongside a parse error.
+		"field requirements with a parse error": {
+			func(a *authorizer.AttributesRecord) {
+				a.FieldSelectorRequirements = fields.Requirements{{Field: "spec.nodeName", Operator: selection.Equals, Value: "node-a"}}
+				a.FieldSelectorParsingErr = errors.New("bad")
+			},
+			func(a *authorizer.AttributesRecord) {
+				a.FieldSelectorRequirements = fields.Requirements{{Field: "spec.nodeName", Operator: selection.Equals, Value: "node-b"}}
+				a.FieldSelectorParsingErr = errors.New("bad")
+			},
+		},
+		"label requirements with a parse error": {
+			func(a *authorizer.AttributesRecord) {
+				r, _ := labels.NewRequirement("app", selection.In, []string{"a", "b"})
+				a.LabelSelectorRequirements, a.LabelSelectorParsingErr = labels.Requirements{*r}, errors.New("bad")
+			},
+			func(a *authorizer.AttributesRecord) {
+				r, _ := labels.NewRequirement("app", selection.In, []string{"a"})
+				a.LabelSelectorRequirements, a.LabelSelectorParsingErr = labels.Requirements{*r}, errors.New("bad")
+			},
+		},
+		"requirements with and without a parse error": {
+			func(a *authorizer.AttributesRecord) {
+				a.FieldSelectorRequirements = fields.Requirements{{Field: "spec.nodeName", Operator: selection.Equals, Value: "node-a"}}
+			},
+			func(a *authorizer.AttributesRecord) {
+				a.FieldSelectorRequirements = fields.Requirements{{Field: "spec.nodeName", Operator: selection.Equals, Value: "node-a"}}
+				a.FieldSelectorParsingErr = errors.New("bad")
+			},
 		},
 	}
 	for name, p := range pairs {
