@@ -73,14 +73,7 @@ func newDualStackTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) *dualS
 	cfg.ServiceVIPs = []netip.Addr{s.vip4.Addr(), s.vip6.Addr()}
 	cfg.ServicePort = s.vip4.Port()
 	cfg.LivenessTimeout = 2 * time.Second
-	a.cfg = cfg
-	var err error
-	if a.planes, err = newDataplanes(cfg, k.kernel()); err != nil {
-		t.Fatal(err)
-	}
-	a.up = newTestUpstreams(ep)
-	a.up.checkAll(context.Background(), time.Second)
-	a.interception = newInterceptionMetrics(a.metrics.registry, a.up)
+	wireTestAgent(t, a, cfg, k, ep)
 	return s
 }
 

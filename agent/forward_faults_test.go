@@ -26,14 +26,7 @@ func TestForwardWatchEndsCleanlyOnUpstreamLoss(t *testing.T) {
 		close(sent)
 		<-r.Context().Done()
 	}))
-	upstream.EnableHTTP2 = true
-	upstream.StartTLS()
-	defer upstream.Close()
-	a := newTestAgent(t, upstream)
-	front := httptest.NewUnstartedServer(a.handler)
-	front.EnableHTTP2 = true
-	front.StartTLS()
-	defer front.Close()
+	front := startH2Front(t, upstream)
 
 	// Given a watch relayed over HTTP/2 with one event delivered...
 	resp, err := front.Client().Get(front.URL + "/api/v1/namespaces/x/configmaps?watch=true")
@@ -84,14 +77,7 @@ func TestForwardCancellationPropagates(t *testing.T) {
 		case <-time.After(time.Minute):
 		}
 	}))
-	upstream.EnableHTTP2 = true
-	upstream.StartTLS()
-	defer upstream.Close()
-	a := newTestAgent(t, upstream)
-	front := httptest.NewUnstartedServer(a.handler)
-	front.EnableHTTP2 = true
-	front.StartTLS()
-	defer front.Close()
+	front := startH2Front(t, upstream)
 	client := front.Client()
 
 	// A first request opens the connections that stay pooled.
@@ -190,4 +176,20 @@ func TestForwardUnreachableUpstream(t *testing.T) {
 				tc.path, resp.StatusCode, resp.Header.Get("Retry-After"), body, tc.code, tc.retryAfter)
 		}
 	}
+}
+
+// startH2Front starts upstream (unstarted) and a test agent forwarding to
+// it, both serving HTTP/2 over TLS, and returns the agent's server; both
+// stop when the test ends.
+func startH2Front(t *testing.T, upstream *httptest.Server) *httptest.Server {
+	t.Helper()
+	upstream.EnableHTTP2 = true
+	upstream.StartTLS()
+	t.Cleanup(upstream.Close)
+	a := newTestAgent(t, upstream)
+	front := httptest.NewUnstartedServer(a.handler)
+	front.EnableHTTP2 = true
+	front.StartTLS()
+	t.Cleanup(front.Close)
+	return front
 }

@@ -35,6 +35,14 @@ func newSyncTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) (*Agent, ne
 	cfg.ListenAddress = ap
 	cfg.ServiceVIPs = []netip.Addr{ap.Addr()}
 	cfg.ServicePort = ap.Port()
+	wireTestAgent(t, a, cfg, k, ep)
+	return a, ap
+}
+
+// wireTestAgent completes a test agent: cfg, its dataplanes over the fake
+// kernel k, and ep as its one upstream, already health-checked.
+func wireTestAgent(t *testing.T, a *Agent, cfg *Config, k *fakeKernel, ep *testEndpoint) {
+	t.Helper()
 	a.cfg = cfg
 	var err error
 	if a.planes, err = newDataplanes(cfg, k.kernel()); err != nil {
@@ -43,7 +51,6 @@ func newSyncTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) (*Agent, ne
 	a.up = newTestUpstreams(ep)
 	a.up.checkAll(context.Background(), time.Second)
 	a.interception = newInterceptionMetrics(a.metrics.registry, a.up)
-	return a, ap
 }
 
 // TestSync drives the agent's one reconciliation against the stateful fakes:
