@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -33,6 +34,10 @@ type Cache struct {
 	crds    *crdIndex
 	metrics *metrics
 	now     func() time.Time
+	// observing is the bytes of write answers being read (write.go).
+	observing atomic.Int64
+	// sources bounds each source's requests in the cache's hands.
+	sources *sourceLimiter
 }
 
 // New returns a Cache for cfg. It starts nothing; Run does.
@@ -46,7 +51,11 @@ func New(cfg Config) (*Cache, error) {
 	if cfg.WaitTimeout <= 0 {
 		cfg.WaitTimeout = DefaultWaitTimeout
 	}
-	c := &Cache{cfg: cfg, byGR: map[schema.GroupResource]*resource{}, now: time.Now, crds: newCRDIndex(cfg.Resources)}
+	if cfg.MaxInFlightPerSource == 0 {
+		cfg.MaxInFlightPerSource = DefaultMaxInFlightPerSource
+	}
+	c := &Cache{cfg: cfg, byGR: map[schema.GroupResource]*resource{}, now: time.Now, crds: newCRDIndex(cfg.Resources),
+		sources: newSourceLimiter(cfg.MaxInFlightPerSource)}
 	for _, spec := range cfg.Resources {
 		r := newResource(spec, cfg.NodeName)
 		r.crds = c.crds
@@ -74,7 +83,7 @@ func (c *Cache) Run(ctx context.Context) {
 		wg.Go(func() { c.crds.run(ctx, c.cfg.RESTConfig) })
 	}
 	for _, r := range c.resources {
-		wg.Go(func() { r.run(ctx, c.cfg.RESTConfig, dc, nil) })
+		wg.Go(func() { r.run(ctx, c.watchConfig(r), dc, nil) })
 	}
 	wg.Wait()
 }
@@ -143,10 +152,27 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 			forward.ServeHTTP(w, r)
 			return
 		}
+		release, ok := c.sources.acquire(r)
+		if !ok {
+			c.metrics.forwarded(info, reasonSourceShare)
+			forward.ServeHTTP(w, r)
+			return
+		}
+		// The source's slot is held while the cache works on the request
+		// (review, wait, answer), never while it is forwarded or while a
+		// watch-list goes on upstream.
+		defer release()
+		fwd := func(reason string) {
+			release()
+			c.metrics.forwarded(info, reason)
+			forward.ServeHTTP(w, r)
+		}
 		res := c.cfg.Reviewer.Review(r, info)
 		switch res.Verdict {
 		case access.Allowed:
+			r = r.WithContext(access.WithResult(r.Context(), res))
 		case access.Denied:
+			r = r.WithContext(access.WithResult(r.Context(), res))
 			c.metrics.outcome(info, "denied", "")
 			err := res.Err
 			if err == nil {
@@ -155,32 +181,29 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 			hit.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), planKey{}, err)))
 			return
 		default:
-			c.metrics.forwarded(info, "review-"+res.Reason)
-			forward.ServeHTTP(w, r)
+			fwd("review-" + res.Reason)
 			return
 		}
 		if reason := c.await(r.Context(), p); reason != "" {
-			c.metrics.forwarded(info, reason)
-			forward.ServeHTTP(w, r)
+			fwd(reason)
 			return
 		}
 		if p.verb == "get" && p.badRequest == nil && !p.mayBeAbsent {
 			if _, _, ok := p.res.store.Get(p.namespace, p.name); !ok {
-				c.metrics.forwarded(info, reasonOutOfScope)
-				forward.ServeHTTP(w, r)
+				fwd(reasonOutOfScope)
 				return
 			}
 		}
 		if p.verb == "list" && p.badRequest == nil && p.mode != rvAny && p.limit > 0 {
 			if objs, _ := p.snapshot(); int64(len(objs)) > p.limit {
 				// kube-apiserver would paginate; continue tokens are its own.
-				c.metrics.forwarded(info, reasonPaginated)
-				forward.ServeHTTP(w, r)
+				fwd(reasonPaginated)
 				return
 			}
 		}
 		c.metrics.outcome(info, "hit", "")
 		p.upstream = forward
+		p.release = release
 		hit.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), planKey{}, p)))
 	})
 }
@@ -209,9 +232,13 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 		if !p.res.healthy() {
 			return reasonUnhealthy
 		}
-		barrier, recent := p.res.barrierState(c.now())
-		if recent {
+		barrier, recent, overdue := p.res.barrierState(c.now(), c.cfg.WaitTimeout)
+		switch {
+		case recent:
 			return reasonRecentWrite
+		case overdue:
+			// Earlier reads waited for this barrier in vain.
+			return reasonBarrier
 		}
 		want = barrier
 	}

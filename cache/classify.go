@@ -12,13 +12,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/selection"
-	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
-	"k8s.io/client-go/kubernetes/scheme"
 )
 
 // rvMode is how a read's resourceVersion constrains the answer.
@@ -60,6 +57,7 @@ const (
 	reasonResourceVersion = "resource-version"
 	reasonVersion         = "other-version"
 	reasonNoRoute         = "no-route"
+	reasonSourceShare     = "source-share"
 )
 
 // plan is what the cache will do for one request, decided before any
@@ -89,9 +87,15 @@ type plan struct {
 	tableOpts *metav1.TableOptions
 	// timeout is a watch-list's timeoutSeconds (0: none).
 	timeout time.Duration
+	// bookmarks: the watch asked for bookmarks (allowWatchBookmarks).
+	bookmarks bool
 	// upstream serves a watch-list's continuation with the client's
 	// request; set by Handler.
 	upstream http.Handler
+	// release gives the request's source slot back (sources.go); a
+	// watch-list calls it once its initial events are sent. Set by
+	// Handler; nil in tests that serve plans directly.
+	release func()
 	// snap is the list snapshot taken to check a limit, served as it is
 	// so that the answer is the one that was checked.
 	snap *listSnapshot
@@ -286,55 +290,6 @@ func (c *Cache) rvModeOf(rv string, match metav1.ResourceVersionMatch, limit int
 	return rvNotOlderThan, n, ""
 }
 
-// negotiate picks the response encoding as kube-apiserver would, and
-// forwards what the cache does not write itself: Table and other
-// transformations, YAML, pretty printing, unknown types.
-func negotiate(r *http.Request, builtin bool) (mediaType, string) {
-	accept := r.Header.Get("Accept")
-	if strings.Contains(accept, "as=") || strings.Contains(accept, "pretty") {
-		return 0, reasonMediaType
-	}
-	if strings.Contains(r.URL.RawQuery, "pretty") {
-		return 0, reasonPretty
-	}
-	if ua := r.UserAgent(); strings.HasPrefix(ua, "curl") || strings.HasPrefix(ua, "Wget") || strings.HasPrefix(ua, "Mozilla/5.0") {
-		// kube-apiserver indents JSON for these clients.
-		return 0, reasonPretty
-	}
-	supported := customMediaTypes
-	if builtin {
-		supported = builtinMediaTypes
-	}
-	opts, ok := negotiation.NegotiateMediaTypeOptions(accept, supported, negotiation.DefaultEndpointRestrictions)
-	if !ok {
-		return 0, reasonMediaType
-	}
-	switch opts.Accepted.MediaType {
-	case runtime.ContentTypeJSON:
-		return mediaJSON, ""
-	case runtime.ContentTypeProtobuf:
-		return mediaProtobuf, ""
-	}
-	return 0, reasonMediaType
-}
-
-// The media types kube-apiserver offers for built-in and for custom
-// resources (YAML is offered so that a client preferring it is forwarded
-// rather than answered in another type).
-var builtinMediaTypes, customMediaTypes = func() ([]runtime.SerializerInfo, []runtime.SerializerInfo) {
-	var builtin, custom []runtime.SerializerInfo
-	for _, info := range scheme.Codecs.SupportedMediaTypes() {
-		switch info.MediaType {
-		case runtime.ContentTypeJSON, runtime.ContentTypeYAML:
-			builtin = append(builtin, info)
-			custom = append(custom, info)
-		case runtime.ContentTypeProtobuf:
-			builtin = append(builtin, info)
-		}
-	}
-	return builtin, custom
-}()
-
 // withoutScopeTerms drops the requirements of sel that every cached object
 // meets by construction (the watch's own field selector, such as
 // spec.nodeName=<node> for pods), so that listing this node's pods does not
@@ -372,8 +327,16 @@ func withoutScopeTerms(sel fields.Selector, scope map[string]string) fields.Sele
 // objects), or a namespaced object by name without its namespace. The one
 // cluster-scoped object kube-apiserver does serve under a namespace path is
 // the Namespace itself, /api/v1/namespaces/<name>, which RequestInfo
-// attributes to namespace <name>.
+// attributes to namespace <name>. RequestInfo also trims leading slashes,
+// which kube-apiserver's routing does not: "//api/v1/..." is its 404.
 func routeMismatch(r *http.Request, info *request.RequestInfo, namespaced bool) string {
+	root := "/" + info.APIPrefix + "/"
+	if info.APIGroup != "" {
+		root += info.APIGroup + "/"
+	}
+	if !strings.HasPrefix(r.URL.Path, root+info.APIVersion+"/") {
+		return reasonNoRoute
+	}
 	switch {
 	case !namespaced && info.Namespace != "":
 		if info.APIGroup == "" && info.Resource == "namespaces" && info.Name == info.Namespace &&

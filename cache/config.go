@@ -18,6 +18,11 @@ import (
 // Node, and the cluster's services, endpointslices and namespaces.
 const DefaultResources = "pods,nodes,services,endpointslices.discovery.k8s.io,namespaces"
 
+// DefaultMaxInFlightPerSource is the default Config.MaxInFlightPerSource:
+// a quarter of kube-apiserver's default --max-requests-inflight, so that
+// no single pod can take the cache's whole in-flight budget.
+const DefaultMaxInFlightPerSource = 100
+
 // DefaultWaitTimeout bounds how long a read waits for the cache to reach the
 // resourceVersion it needs before it is forwarded instead.
 const DefaultWaitTimeout = time.Second
@@ -96,6 +101,11 @@ type Config struct {
 	// RESTConfig is the agent's own client configuration, used for the
 	// watches and discovery; never for client requests.
 	RESTConfig *rest.Config
+	// AsNode runs the watches of this node's pods and Node as the node
+	// (Impersonate-User: system:node:<NodeName>, KEP-5284 constrained
+	// impersonation), so the Node authorizer limits them, not the agent's
+	// RBAC; every other watch runs as RESTConfig's identity (asnode.go).
+	AsNode bool
 	// Reviewer decides who may read from the cache. Nil forwards every
 	// request.
 	Reviewer access.Reviewer
@@ -105,6 +115,11 @@ type Config struct {
 	// ForwardConsistentReads forwards every read with resourceVersion=""
 	// instead of answering it after the read-your-writes barrier.
 	ForwardConsistentReads bool
+	// MaxInFlightPerSource bounds the requests from one source (client
+	// IP) the cache works on at once, reviews and waits included; past it
+	// the source's requests are forwarded. Zero means
+	// DefaultMaxInFlightPerSource; negative means no bound.
+	MaxInFlightPerSource int
 	// Registerer receives the cache's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 }

@@ -6,5 +6,6 @@
 // watched resource), classify.go (which requests the cache may answer),
 // cache.go (the request path), encode.go (JSON and protobuf from cached
 // bytes), fields.go (kube-apiserver's field labels), write.go (the
-// read-your-writes barrier), metrics.go.
+// read-your-writes barrier), asnode.go (which identity each watch runs
+// as), metrics.go.
 package cache

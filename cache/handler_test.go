@@ -268,7 +268,7 @@ func TestHandlerResourceVersion(t *testing.T) {
 	}
 
 	// A write forwarded for services returned RV 20.
-	tc.ObserveWrite(forwardedWrite(t, "/api/v1/namespaces/ns/services/s1", "PUT", `{"kind":"Service","metadata":{"name":"s1","resourceVersion":"20"}}`))
+	tc.ObserveWrite(forwardedWrite(t, "/api/v1/namespaces/ns/services/s1", "PUT", `{"kind":"Service","apiVersion":"v1","metadata":{"name":"s1","namespace":"ns","resourceVersion":"20"}}`))
 	if got := tc.get(t, "/api/v1/namespaces/ns/services/s1"); !got.forwarded() {
 		t.Errorf("consistent read before the cache saw the write: %d, want forwarded", got.code)
 	}
@@ -278,14 +278,22 @@ func TestHandlerResourceVersion(t *testing.T) {
 	if got := tc.get(t, "/api/v1/namespaces/ns/pods?fieldSelector=spec.nodeName%3Dnode-a"); got.code != 200 {
 		t.Errorf("another resource's consistent read: %d", got.code)
 	}
+	// A read already waited for RV 20 in vain: later reads do not wait
+	// for it again while the cache is behind.
+	start := time.Now()
+	if got := tc.get(t, "/api/v1/namespaces/ns/services/s1"); !got.forwarded() || time.Since(start) >= 100*time.Millisecond {
+		t.Errorf("consistent read behind an overdue barrier: %d after %v, want forwarded at once", got.code, time.Since(start))
+	}
+	// Another write (RV 21) is waited for; the cache reaches it meanwhile.
+	tc.ObserveWrite(forwardedWrite(t, "/api/v1/namespaces/ns/services/s1", "PUT", `{"kind":"Service","apiVersion":"v1","metadata":{"name":"s1","namespace":"ns","resourceVersion":"21"}}`))
 	go func() {
 		time.Sleep(20 * time.Millisecond)
-		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s1", ResourceVersion: "20", Labels: map[string]string{"v": "2"}}}
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "s1", ResourceVersion: "21", Labels: map[string]string{"v": "2"}}}
 		_ = tc.services.store.Update(svc)
 	}()
 	got := tc.get(t, "/api/v1/namespaces/ns/services/s1")
 	var svc corev1.Service
-	if err := json.Unmarshal(got.body, &svc); got.code != 200 || err != nil || svc.ResourceVersion != "20" {
+	if err := json.Unmarshal(got.body, &svc); got.code != 200 || err != nil || svc.ResourceVersion != "21" {
 		t.Errorf("consistent read after the cache caught up: %d %s", got.code, got.body)
 	}
 
@@ -308,21 +316,21 @@ func forwardedWrite(t *testing.T, path, method, body string) *http.Response {
 	}
 	req = req.WithContext(request.WithRequestInfo(context.Background(), info))
 	return &http.Response{StatusCode: 200, Request: req, Header: http.Header{"Content-Type": {"application/json"}},
-		Body: io.NopCloser(strings.NewReader(body))}
+		Body: io.NopCloser(strings.NewReader(body)), ContentLength: -1}
 }
 
 // TestObserveWriteKeepsBody: reading a write's RV leaves the body intact for
 // the client, in JSON and protobuf.
 func TestObserveWriteKeepsBody(t *testing.T) {
 	tc := newHandlerCache(t)
-	body := `{"kind":"Service","metadata":{"name":"s1","resourceVersion":"33"}}`
+	body := `{"kind":"Service","apiVersion":"v1","metadata":{"name":"s1","namespace":"ns","resourceVersion":"33"}}`
 	resp := forwardedWrite(t, "/api/v1/namespaces/ns/services", "POST", body)
 	tc.ObserveWrite(resp)
 	got, _ := io.ReadAll(resp.Body)
 	if string(got) != body {
 		t.Errorf("body after observing: %q", got)
 	}
-	if rv, _ := tc.services.barrierState(time.Now()); rv != 33 {
+	if rv, _, _ := tc.services.barrierState(time.Now(), time.Second); rv != 33 {
 		t.Errorf("barrier %d, want 33", rv)
 	}
 
@@ -341,7 +349,7 @@ func TestObserveWriteKeepsBody(t *testing.T) {
 	resp = forwardedWrite(t, "/api/v1/namespaces/ns/services/s1", "PATCH", buf.String())
 	resp.Header.Set("Content-Type", runtime.ContentTypeProtobuf)
 	tc.ObserveWrite(resp)
-	if rv, _ := tc.services.barrierState(time.Now()); rv != 44 {
+	if rv, _, _ := tc.services.barrierState(time.Now(), time.Second); rv != 44 {
 		t.Errorf("barrier after a protobuf write %d, want 44", rv)
 	}
 }

@@ -64,6 +64,8 @@ type resource struct {
 	// barrier is the highest RV a forwarded write of this resource
 	// returned; consistent reads wait for the Store to reach it.
 	barrier uint64
+	// barrierRaised is when barrier last went up.
+	barrierRaised time.Time
 	// unknownWriteUntil: a write whose RV could not be read was forwarded;
 	// consistent reads are forwarded until then.
 	unknownWriteUntil time.Time
@@ -93,7 +95,7 @@ func (r *resource) healthy() bool {
 }
 
 // noteWrite records a forwarded write's RV for the read-your-writes barrier.
-func (r *resource) noteWrite(rv uint64, known bool, until time.Time) {
+func (r *resource) noteWrite(rv uint64, known bool, now, until time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if !known {
@@ -104,15 +106,33 @@ func (r *resource) noteWrite(rv uint64, known bool, until time.Time) {
 	}
 	if rv > r.barrier {
 		r.barrier = rv
+		r.barrierRaised = now
 	}
 }
 
-// barrierState returns the RV consistent reads must wait for and whether a
-// write of unknown RV is recent.
-func (r *resource) barrierState(now time.Time) (uint64, bool) {
+// maxBarrierAge is how long a barrier the Store has not reached is kept.
+// A write the upstream really made reaches a healthy watch within
+// milliseconds, and a scoped watch (this node's pods) within its next
+// bookmark, which kube-apiserver sends every minute; a watch that breaks
+// meanwhile relists at the current RV. A barrier still ahead of the Store
+// after this long names an RV the upstream never reached, and is dropped
+// rather than holding every consistent read back until the agent restarts.
+const maxBarrierAge = 2 * time.Minute
+
+// barrierState returns the RV consistent reads must wait for, whether a
+// write of unknown RV is recent, and whether the barrier has been ahead of
+// the Store for longer than a read may wait (so reads need not wait for it
+// again).
+func (r *resource) barrierState(now time.Time, wait time.Duration) (rv uint64, recent, overdue bool) {
+	storeRV := r.store.ResourceVersion()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.barrier, now.Before(r.unknownWriteUntil)
+	if r.barrier > storeRV && now.Sub(r.barrierRaised) > maxBarrierAge {
+		klog.Background().V(2).Info("Dropping a read-your-writes barrier the cache never reached", "resource", r.label,
+			"barrier", r.barrier, "resourceVersion", storeRV)
+		r.barrier = storeRV
+	}
+	return r.barrier, now.Before(r.unknownWriteUntil), r.barrier > storeRV && now.Sub(r.barrierRaised) > wait
 }
 
 // resolve finds the resource's version, kind and scope with discovery.
@@ -237,8 +257,9 @@ func (r *resource) run(ctx context.Context, cfg *rest.Config, dc discovery.Disco
 	r.store = NewStore(attrsFor(r.fields, r.namespaced), r.prepare, r.changed(onChange))
 	r.encoder = newEncoder(r.gvk, r.builtin)
 	r.ready.Store(true)
-	logger.V(2).Info("Caching resource", "gvr", r.gvr, "scope", r.scope.String())
-	refl := toolscache.NewReflectorWithOptions(&healthListerWatcher{lw: toolscache.ToListerWatcherWithContext(lw), r: r},
+	logger.V(2).Info("Caching resource", "gvr", r.gvr, "scope", r.scope.String(), "as", cfg.Impersonate.UserName)
+	source := explainRefusals(toolscache.ToListerWatcherWithContext(lw), cfg, logger)
+	refl := toolscache.NewReflectorWithOptions(&healthListerWatcher{lw: source, r: r},
 		expected, r.store, toolscache.ReflectorOptions{Name: "cache/" + r.label, TypeDescription: r.gvk.String()})
 	refl.RunWithContext(ctx)
 }

@@ -67,6 +67,10 @@ func TestHandlerRoutes(t *testing.T) {
 		{"/api/v1/namespaces/tenant-a/namespaces/tenant-a", false},
 		// Namespaced object by name without its namespace: no such route.
 		{"/api/v1/services/s1", false},
+		// Leading slashes RequestInfo trims but kube-apiserver's routing
+		// does not (its 404).
+		{"//api/v1/namespaces", false},
+		{"//api/v1/namespaces/tenant-a/services/s1", false},
 	}
 	for _, tt := range cases {
 		t.Run(tt.path, func(t *testing.T) {
@@ -109,6 +113,24 @@ func TestObserveWriteBarrier(t *testing.T) {
 			body: `{"kind":"Status","apiVersion":"v1","status":"Failure","code":409}`},
 		{name: "a dry run changes nothing", method: "POST", path: "/api/v1/namespaces/ns/pods?dryRun=All", code: 201,
 			body: podOn("node-a", "")},
+		{name: "a status write of a pod on this node", method: "PUT", path: "/api/v1/namespaces/ns/pods/p/status", code: 200,
+			body: podOn("node-a", "52"), wantRV: 52},
+		// A pod's backend answers a proxied request; the tenant chooses
+		// the body, so it must never move the barrier.
+		{name: "a proxied answer naming the largest RV", method: "POST", path: "/api/v1/namespaces/ns/pods/p/proxy/x", code: 200,
+			body: podOn("node-a", "18446744073709551615")},
+		{name: "a proxied answer with a bare RV", method: "PUT", path: "/api/v1/namespaces/ns/pods/p:8080/proxy/", code: 200,
+			body: `{"metadata":{"resourceVersion":"18446744073709551615"}}`},
+		{name: "a proxied 5xx is not a failed write", method: "POST", path: "/api/v1/namespaces/ns/pods/p/proxy", code: 502,
+			body: `boom`},
+		{name: "an answer of another kind is not the written object", method: "PUT", path: "/api/v1/namespaces/ns/pods/p", code: 200,
+			body: `{"kind":"Service","apiVersion":"v1","metadata":{"name":"p","namespace":"ns","resourceVersion":"60"}}`},
+		{name: "an answer for another object is not the written object", method: "PUT", path: "/api/v1/namespaces/ns/pods/q", code: 200,
+			body: podOn("node-a", "61")},
+		{name: "an answer in another namespace is not the written object", method: "POST", path: "/api/v1/namespaces/other/pods", code: 201,
+			body: podOn("node-a", "62")},
+		{name: "a delete answered with a Status has an unknown RV", method: "DELETE", path: "/api/v1/namespaces/ns/pods/p", code: 200,
+			body: `{"kind":"Status","apiVersion":"v1","status":"Success"}`, wantUnknown: true},
 	}
 	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
@@ -116,11 +138,64 @@ func TestObserveWriteBarrier(t *testing.T) {
 			resp := forwardedWrite(t, tt.path, tt.method, tt.body)
 			resp.StatusCode = tt.code
 			tc.ObserveWrite(resp)
-			rv, unknown := tc.pods.barrierState(time.Now())
+			rv, unknown, _ := tc.pods.barrierState(time.Now(), time.Second)
 			if rv != tt.wantRV || unknown != tt.wantUnknown {
 				t.Errorf("barrier (rv %d, unknown write %v), want (%d, %v)", rv, unknown, tt.wantRV, tt.wantUnknown)
 			}
 		})
+	}
+}
+
+// TestBarrierNeverReached: a barrier the cache does not reach holds one
+// read back for the wait timeout; later reads go upstream at once, and
+// after maxBarrierAge the barrier is dropped and reads are answered again.
+func TestBarrierNeverReached(t *testing.T) {
+	tc := newHandlerCache(t)
+	now := time.Now()
+	tc.now = func() time.Time { return now }
+	tc.ObserveWrite(forwardedWrite(t, "/api/v1/namespaces/ns/services/s1", "PUT",
+		`{"kind":"Service","apiVersion":"v1","metadata":{"name":"s1","namespace":"ns","resourceVersion":"1000"}}`))
+	if rv, _, _ := tc.services.barrierState(now, time.Second); rv != 1000 {
+		t.Fatalf("barrier %d, want 1000", rv)
+	}
+	start := time.Now()
+	if got := tc.get(t, "/api/v1/namespaces/ns/services"); !got.forwarded() || time.Since(start) < 100*time.Millisecond {
+		t.Errorf("first read behind the barrier: %d after %v, want forwarded after the 100ms wait", got.code, time.Since(start))
+	}
+	now = now.Add(time.Second)
+	start = time.Now()
+	if got := tc.get(t, "/api/v1/namespaces/ns/services"); !got.forwarded() || time.Since(start) >= 100*time.Millisecond {
+		t.Errorf("read behind an overdue barrier: %d after %v, want forwarded at once", got.code, time.Since(start))
+	}
+	now = now.Add(maxBarrierAge)
+	if got := tc.get(t, "/api/v1/namespaces/ns/services"); got.code != 200 {
+		t.Errorf("read after the barrier expired: %d, want 200 from the cache", got.code)
+	}
+	if rv, _, _ := tc.services.barrierState(now, time.Second); rv != 10 {
+		t.Errorf("barrier after expiry %d, want the cache's RV 10", rv)
+	}
+}
+
+// TestObserveWriteBudget: write answers are read within an agent-wide byte
+// budget; past it a write counts as one of unknown RV, and the budget is
+// returned once the answer has been read.
+func TestObserveWriteBudget(t *testing.T) {
+	tc := newHandlerCache(t)
+	tc.observing.Store(maxObservedBytes - 10)
+	body := `{"kind":"Service","apiVersion":"v1","metadata":{"name":"s1","namespace":"ns","resourceVersion":"30"}}`
+	tc.ObserveWrite(forwardedWrite(t, "/api/v1/namespaces/ns/services/s1", "PUT", body))
+	if rv, unknown, _ := tc.services.barrierState(time.Now(), time.Second); rv != 0 || !unknown {
+		t.Errorf("over budget: barrier (%d, unknown %v), want (0, true)", rv, unknown)
+	}
+	tc.observing.Store(0)
+	resp := forwardedWrite(t, "/api/v1/namespaces/ns/services/s1", "PUT", body)
+	resp.ContentLength = int64(len(body))
+	tc.ObserveWrite(resp)
+	if rv, _, _ := tc.services.barrierState(time.Now(), time.Second); rv != 30 {
+		t.Errorf("within budget: barrier %d, want 30", rv)
+	}
+	if n := tc.observing.Load(); n != 0 {
+		t.Errorf("%d bytes still reserved after the write was observed", n)
 	}
 }
 

@@ -108,3 +108,24 @@ func (c *Cache) serveTable(w http.ResponseWriter, r *http.Request, p *plan) {
 	w.Header().Set("Cache-Control", "no-cache, private")
 	_, _ = w.Write(append(b, '\n'))
 }
+
+// planShape completes a transformed plan: a Table needs the CRD version's
+// columns and the request's TableOptions.
+func (c *Cache) planShape(p *plan, query url.Values) string {
+	if p.as != asTable {
+		return ""
+	}
+	var v *crdVersion
+	if c.crds != nil {
+		v = c.crds.version(p.res.gvr)
+	}
+	if v == nil {
+		return reasonNotCached
+	}
+	opts, ok := tableOptions(query)
+	if !ok {
+		return reasonParameters
+	}
+	p.table, p.tableOpts = v.table, opts
+	return ""
+}

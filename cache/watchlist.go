@@ -36,8 +36,9 @@ var watchParams = map[string]bool{"labelSelector": true, "fieldSelector": true, 
 
 // classifyWatch decides whether the cache answers a watch: only a
 // watch-list (sendInitialEvents=true, which kube-apiserver's validation
-// ties to resourceVersionMatch=NotOlderThan and allowWatchBookmarks=true)
-// of a collection. Plain watches are forwarded: their events come from
+// ties to resourceVersionMatch=NotOlderThan and allowWatchBookmarks=true,
+// or a legacy watch from "0" or unset, for which SetListOptionsDefaults
+// turns it on) of a collection. Plain watches are forwarded: their events come from
 // kube-apiserver anyway, and the cache would add nothing.
 //
 // The resourceVersion has the list meanings (api-concepts, watch-list):
@@ -54,6 +55,7 @@ func (c *Cache) classifyWatch(p *plan, opts *metainternalversion.ListOptions) (*
 	if opts.TimeoutSeconds != nil {
 		p.timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
 	}
+	p.bookmarks = opts.AllowWatchBookmarks
 	return p, ""
 }
 
@@ -74,16 +76,15 @@ func (c *Cache) serveWatchList(w http.ResponseWriter, r *http.Request, p *plan) 
 		c.encodingFailed(w, r, res, err)
 		return
 	}
-	// Encode every initial event before writing anything, so an encoding
-	// error is still an HTTP error.
-	events := make([][]byte, 0, len(objs))
+	// Encode every object before writing anything, so an encoding error is
+	// still an HTTP error. The encodings are kept with the objects; each
+	// event is framed from them only as it is written, so a client that
+	// reads slowly holds the snapshot, not a copy of every event.
 	for _, o := range objs {
-		b, err := c.eventObject(p, o)
-		if err != nil {
+		if err := c.prepareEvent(p, o); err != nil {
 			c.encodingFailed(w, r, res, err)
 			return
 		}
-		events = append(events, b)
 	}
 	bookmark, err := c.bookmarkObject(p, rv)
 	if err != nil {
@@ -91,15 +92,29 @@ func (c *Cache) serveWatchList(w http.ResponseWriter, r *http.Request, p *plan) 
 		return
 	}
 	ww.start()
-	for _, b := range events {
+	for _, o := range objs {
+		b, err := c.eventObject(p, o)
+		if err != nil {
+			return
+		}
 		if err := ww.event(watch.Added, b); err != nil {
 			return
 		}
 	}
-	if err := ww.event(watch.Bookmark, bookmark); err != nil {
-		return
+	if p.bookmarks {
+		// As kube-apiserver's watch cache: the initial-events-end bookmark
+		// only for clients that accept bookmarks. A legacy watch from "0"
+		// or "" (sendInitialEvents defaulted to true) without them gets
+		// the ADDED events alone.
+		if err := ww.event(watch.Bookmark, bookmark); err != nil {
+			return
+		}
 	}
 	ww.flush()
+	ww.out.stop()
+	if p.release != nil {
+		p.release()
+	}
 	klog.FromContext(r.Context()).V(4).Info("Sent watch-list initial events from the cache", "resource", res.label, "objects", len(objs), "resourceVersion", rv)
 	if p.upstream == nil {
 		return
@@ -112,6 +127,22 @@ func (c *Cache) serveWatchList(w http.ResponseWriter, r *http.Request, p *plan) 
 		p.timeout = left
 	}
 	c.continueUpstream(ww, r, p, rv)
+}
+
+// prepareEvent encodes o as eventObject needs it, and keeps the encoding
+// with o.
+func (c *Cache) prepareEvent(p *plan, o *Object) error {
+	enc := p.res.encoder
+	var err error
+	switch {
+	case p.as == asMetadata:
+		_, err = enc.metadataObject(p.media, o)
+	case p.media == mediaProtobuf:
+		_, err = enc.objectProtobuf(o)
+	default:
+		_, err = enc.objectJSON(o)
+	}
+	return err
 }
 
 // eventObject is o's embedded form in a watch event of p's encoding.
@@ -203,6 +234,39 @@ type watchWriter struct {
 	// buf gathers events between flushes; enc writes to it.
 	buf *bufio.Writer
 	enc streaming.Encoder
+	// out is what buf writes to: w, with a deadline on each write while
+	// the initial events are sent.
+	out *deadlineWriter
+}
+
+// initialEventsWriteTimeout bounds each write of a watch's initial events
+// (at most bufio's 32 KiB): a client that reads none of them for this long
+// has its stream ended, and with it what the stream holds (its snapshot of
+// the cache). Events relayed afterwards come at the upstream's pace and
+// have no deadline, as with kube-apiserver.
+var initialEventsWriteTimeout = 30 * time.Second
+
+// deadlineWriter sets a write deadline before each write while timeout is
+// set; it clears it when timeout is set to zero with stop.
+type deadlineWriter struct {
+	w       http.ResponseWriter
+	timeout time.Duration
+}
+
+func (d *deadlineWriter) Write(b []byte) (int, error) {
+	if d.timeout > 0 {
+		// Not every ResponseWriter supports deadlines (a test recorder);
+		// then writes simply have none.
+		_ = http.NewResponseController(d.w).SetWriteDeadline(time.Now().Add(d.timeout))
+	}
+	return d.w.Write(b)
+}
+
+func (d *deadlineWriter) stop() {
+	if d.timeout > 0 {
+		d.timeout = 0
+		_ = http.NewResponseController(d.w).SetWriteDeadline(time.Time{})
+	}
 }
 
 func newWatchWriter(w http.ResponseWriter, m mediaType) (*watchWriter, error) {
@@ -214,8 +278,9 @@ func newWatchWriter(w http.ResponseWriter, m mediaType) (*watchWriter, error) {
 	if m != mediaJSON {
 		ct += ";stream=watch"
 	}
-	buf := bufio.NewWriterSize(w, 32<<10)
-	return &watchWriter{w: w, contentType: ct, buf: buf,
+	out := &deadlineWriter{w: w, timeout: initialEventsWriteTimeout}
+	buf := bufio.NewWriterSize(out, 32<<10)
+	return &watchWriter{w: w, contentType: ct, buf: buf, out: out,
 		enc: streaming.NewEncoder(info.StreamSerializer.Framer.NewFrameWriter(buf), info.StreamSerializer.Serializer)}, nil
 }
 
@@ -259,7 +324,11 @@ func (c *Cache) continueUpstream(ww *watchWriter, r *http.Request, p *plan, rv u
 	q.Del("sendInitialEvents")
 	q.Del("resourceVersionMatch")
 	q.Set("resourceVersion", strconv.FormatUint(rv, 10))
-	q.Set("allowWatchBookmarks", "true")
+	if p.bookmarks {
+		q.Set("allowWatchBookmarks", "true")
+	} else {
+		q.Del("allowWatchBookmarks")
+	}
 	q.Set("watch", "true")
 	if p.timeout > 0 {
 		q.Set("timeoutSeconds", strconv.Itoa(int(p.timeout/time.Second)))

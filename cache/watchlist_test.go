@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -232,6 +234,44 @@ func TestWatchListFromCache(t *testing.T) {
 	}
 }
 
+// TestLegacyWatchWithoutBookmarks: a legacy watch from "0" that asks for no
+// bookmarks (sendInitialEvents is defaulted on) gets the ADDED events and
+// the upstream's events, and no BOOKMARK at all, as from kube-apiserver;
+// its continuation does not ask upstream for bookmarks either. With
+// allowWatchBookmarks it gets the initial-events-end bookmark.
+func TestLegacyWatchWithoutBookmarks(t *testing.T) {
+	for _, bookmarks := range []bool{false, true} {
+		t.Run(strconv.FormatBool(bookmarks), func(t *testing.T) {
+			up := &fakeUpstream{}
+			up.respond = func(w http.ResponseWriter, r *http.Request) {
+				writeWatch(t, w, r, watch.Event{Type: watch.Modified, Object: wlPod("a", "101")})
+			}
+			_, cfg := testCache(t, up, wlPod("a", "80"))
+			client := kubernetes.NewForConfigOrDie(cfg)
+			w, err := client.CoreV1().Pods("").Watch(context.Background(), metav1.ListOptions{
+				FieldSelector: "spec.nodeName=node-a", ResourceVersion: "0", AllowWatchBookmarks: bookmarks})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := summarize(collect(t, w))
+			want := []string{"ADDED a@80", "MODIFIED a@101"}
+			if bookmarks {
+				want = []string{"ADDED a@80", "BOOKMARK @100 initial-events-end", "MODIFIED a@101"}
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			reqs := up.got()
+			if len(reqs) != 1 {
+				t.Fatalf("upstream got %d requests, want 1 continuation", len(reqs))
+			}
+			if got := reqs[0].URL.Query().Has("allowWatchBookmarks"); got != bookmarks {
+				t.Errorf("continuation asks for bookmarks: %v, want %v", got, bookmarks)
+			}
+		})
+	}
+}
+
 // TestWatchListUpstreamRefuses: when the upstream watch fails, the stream
 // ends the way a direct one would: a 200 stream's ERROR event (410 Gone)
 // is relayed as is, and a refused request's Status becomes the ERROR
@@ -357,6 +397,61 @@ func TestWatchListEndsWithContext(t *testing.T) {
 	}
 	if n := bytes.Count(rec.Body.Bytes(), []byte("\n")); n != 2 {
 		t.Errorf("got %d events before the end, want 2 (ADDED, BOOKMARK):\n%s", n, rec.Body.String())
+	}
+}
+
+// TestWatchListSlowReader: a client that opens a protobuf watch-list over
+// HTTP/2 and never reads its initial events has its stream ended once a
+// write has waited initialEventsWriteTimeout, so the handler, and the
+// snapshot it holds, does not stay behind.
+func TestWatchListSlowReader(t *testing.T) {
+	old := initialEventsWriteTimeout
+	initialEventsWriteTimeout = 300 * time.Millisecond
+	t.Cleanup(func() { initialEventsWriteTimeout = old })
+
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) {
+		t.Error("the continuation started although the client read nothing")
+	}}
+	big := strings.Repeat("x", 16<<10)
+	var pods []*corev1.Pod
+	for i := range 1000 {
+		p := wlPod(fmt.Sprintf("p%04d", i), "50")
+		p.Annotations["big"] = big
+		pods = append(pods, p)
+	}
+	c, _ := testCache(t, up, pods...)
+	done := make(chan struct{}, 1)
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		defer func() { done <- struct{}{} }()
+		info, _ := testInfoFactory.NewRequestInfo(req)
+		req = req.WithContext(request.WithRequestInfo(req.Context(), info))
+		c.Handler(up, func(h http.Handler) http.Handler { return h }).ServeHTTP(w, req)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/v1/pods?"+url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"},
+		"sendInitialEvents": {"true"}, "allowWatchBookmarks": {"true"}, "resourceVersionMatch": {"NotOlderThan"}}.Encode(), nil)
+	req.Header.Set("Authorization", "Bearer token-a")
+	req.Header.Set("Accept", runtime.ContentTypeProtobuf)
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 || resp.StatusCode != http.StatusOK {
+		t.Fatalf("got %s %d, want HTTP/2 200", resp.Proto, resp.StatusCode)
+	}
+	// 16 MiB of initial events, more than the client's 4 MiB stream
+	// window: the handler blocks on a write the client never reads.
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the watch-list handler is still writing to a client that reads nothing")
+	}
+	if n, _ := io.Copy(io.Discard, resp.Body); n >= int64(len(pods)*len(big)) {
+		t.Errorf("the client received all %d bytes, want the stream cut short", n)
 	}
 }
 

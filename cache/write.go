@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/klog/v2"
 )
 
 func groupResource(info *request.RequestInfo) schema.GroupResource {
@@ -22,6 +23,17 @@ func groupResource(info *request.RequestInfo) schema.GroupResource {
 // resourceVersion.
 const maxWriteBody = 4 << 20
 
+// maxObservedBytes bounds the write responses being read at once, across
+// all requests: a burst of large writes cannot make the agent hold more
+// than this. A write that finds the budget spent counts as a write whose
+// RV is unknown (consistent reads are forwarded for the wait timeout),
+// which is always safe.
+const maxObservedBytes = 32 << 20
+
+// unknownLengthBody is what reading a response of unknown length reserves.
+// Objects are rarely larger; a larger one counts as a write of unknown RV.
+const unknownLengthBody = 1 << 20
+
 var writeVerbs = map[string]bool{"create": true, "update": true, "patch": true, "delete": true, "deletecollection": true}
 
 // ObserveWrite is the read-your-writes barrier's input: the forwarder calls
@@ -31,6 +43,13 @@ var writeVerbs = map[string]bool{"create": true, "update": true, "patch": true, 
 // has caught up with it. A write whose RV cannot be read makes consistent
 // reads of the resource go upstream for the wait timeout.
 //
+// Only answers that kube-apiserver's own storage wrote are trusted: writes
+// of the resource itself or of its status or scale subresource, whose body
+// is that resource's object (kind, apiVersion, namespace and name checked
+// against the request). Every other subresource is ignored: a proxy
+// subresource's answer comes from a tenant's own backend and could name
+// any resourceVersion.
+//
 // It may read resp.Body, which it then replaces with an equivalent reader.
 func (c *Cache) ObserveWrite(resp *http.Response) {
 	if resp == nil || resp.Request == nil || resp.StatusCode < 200 || (resp.StatusCode > 299 && resp.StatusCode < 500) {
@@ -39,7 +58,7 @@ func (c *Cache) ObserveWrite(resp *http.Response) {
 		return
 	}
 	info, ok := request.RequestInfoFrom(resp.Request.Context())
-	if !ok || !info.IsResourceRequest || !writeVerbs[info.Verb] {
+	if !ok || !info.IsResourceRequest || !writeVerbs[info.Verb] || !storageSubresource(info.Subresource) {
 		return
 	}
 	r := c.byGR[groupResource(info)]
@@ -47,32 +66,109 @@ func (c *Cache) ObserveWrite(resp *http.Response) {
 		// A dry run changes nothing.
 		return
 	}
-	until := c.now().Add(c.cfg.WaitTimeout)
+	now := c.now()
+	until := now.Add(c.cfg.WaitTimeout)
 	if resp.StatusCode >= 500 || info.Verb == "deletecollection" {
 		// deletecollection answers with the list as it was before the
 		// deletions, at an RV older than any of them.
-		r.noteWrite(0, false, until)
+		r.noteWrite(0, false, now, until)
 		return
 	}
-	rv, known := readWriteRV(resp)
-	if known && r.outOfScope(resp) {
+	buf, ok := c.readWriteBody(resp)
+	if !ok {
+		r.noteWrite(0, false, now, until)
+		return
+	}
+	defer c.observing.Add(-int64(cap(buf)))
+	id, ok := writtenObject(buf, resp.Header.Get("Content-Type"))
+	switch {
+	case !ok || id.kind == "Status":
+		// A Status (a delete that removed the object at once) or a body
+		// that does not parse: the write happened, its RV is unknown.
+		r.noteWrite(0, false, now, until)
+		return
+	case !id.answers(info, r):
+		// Not the object this request wrote: nothing kube-apiserver's
+		// storage would answer. Trust nothing in it.
+		klog.Background().V(4).Info("Ignoring a write answer that is not the written object", "resource", r.label,
+			"kind", id.kind, "apiVersion", id.apiVersion, "namespace", id.namespace, "name", id.name)
+		return
+	}
+	rv, err := ParseResourceVersion(id.rv)
+	if err != nil {
+		r.noteWrite(0, false, now, until)
+		return
+	}
+	if info.Subresource != "scale" && r.outOfScope(buf) {
 		// The object is outside what the cache holds (a pod on another
 		// node): the write cannot change a cached answer, and the scoped
 		// watch would not reach its RV before its next bookmark.
 		return
 	}
-	r.noteWrite(rv, known, until)
+	r.noteWrite(rv, true, now, until)
 }
 
-// outOfScope reports whether the object in a write's (already read) body
-// is outside r's scope. Unscoped resources hold every object.
-func (r *resource) outOfScope(resp *http.Response) bool {
-	if len(r.scopeTerms) == 0 || !r.ready.Load() || !r.builtin {
-		return false
+// storageSubresource reports whether a write of this subresource answers
+// with an object kube-apiserver's storage wrote: the resource itself, its
+// status, or its scale.
+func storageSubresource(sub string) bool {
+	return sub == "" || sub == "status" || sub == "scale"
+}
+
+// readWriteBody reads a write's (bounded) response body within the
+// agent-wide budget and puts the bytes back in front of the body. It
+// returns false, having read nothing it keeps, when the body is absent,
+// compressed, too large or the budget is spent. On success the caller
+// must return cap(buf) to c.observing.
+func (c *Cache) readWriteBody(resp *http.Response) ([]byte, bool) {
+	if resp.Body == nil || resp.Body == http.NoBody || resp.Header.Get("Content-Encoding") != "" {
+		return nil, false
 	}
-	buf, err := io.ReadAll(io.LimitReader(resp.Body, maxWriteBody+1))
+	reserve := int64(unknownLengthBody)
+	switch {
+	case resp.ContentLength > maxWriteBody:
+		return nil, false
+	case resp.ContentLength >= 0:
+		reserve = resp.ContentLength
+	}
+	if c.observing.Add(reserve) > maxObservedBytes {
+		c.observing.Add(-reserve)
+		return nil, false
+	}
+	buf := make([]byte, 0, reserve+1)
+	buf, err := readAllInto(buf, io.LimitReader(resp.Body, reserve+1))
 	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(buf), resp.Body), Closer: resp.Body}
-	if err != nil {
+	if err != nil || int64(len(buf)) > reserve {
+		c.observing.Add(-reserve)
+		return nil, false
+	}
+	// Account for what was allocated, which is what the caller releases.
+	c.observing.Add(int64(cap(buf)) - reserve)
+	return buf, true
+}
+
+// readAllInto reads r to its end into buf's spare capacity (growing it
+// only if r is longer than that).
+func readAllInto(buf []byte, r io.Reader) ([]byte, error) {
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
+// outOfScope reports whether the object in a write's body is outside r's
+// scope. Unscoped resources hold every object.
+func (r *resource) outOfScope(buf []byte) bool {
+	if len(r.scopeTerms) == 0 || !r.ready.Load() || !r.builtin {
 		return false
 	}
 	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(buf, nil, nil)
@@ -86,39 +182,52 @@ func (r *resource) outOfScope(resp *http.Response) bool {
 	return !r.scope.Matches(set)
 }
 
-// readWriteRV reads the resourceVersion of the object or list in a write's
-// response body, and puts the bytes it read back in front of the body.
-func readWriteRV(resp *http.Response) (uint64, bool) {
-	if resp.Body == nil || resp.Body == http.NoBody || resp.Header.Get("Content-Encoding") != "" {
-		return 0, false
+// objectIdentity is what a write's answer says about the object it holds.
+type objectIdentity struct {
+	apiVersion, kind, namespace, name, rv string
+}
+
+// answers reports whether id is the object a write of info returns: the
+// resource's own kind (Scale for the scale subresource) in the request's
+// group and version, in the request's namespace, and with its name when
+// the request named one (a create may have the name generated).
+func (id objectIdentity) answers(info *request.RequestInfo, r *resource) bool {
+	wantKind, wantAPIVersion := "", schema.GroupVersion{Group: info.APIGroup, Version: info.APIVersion}.String()
+	switch {
+	case info.Subresource == "scale":
+		wantKind, wantAPIVersion = "Scale", "autoscaling/v1"
+	case r.ready.Load():
+		wantKind = r.gvk.Kind
 	}
-	if resp.ContentLength > maxWriteBody {
-		return 0, false
+	if (wantKind != "" && id.kind != wantKind) || id.apiVersion != wantAPIVersion {
+		return false
 	}
-	buf, err := io.ReadAll(io.LimitReader(resp.Body, maxWriteBody+1))
-	resp.Body = readCloser{Reader: io.MultiReader(bytes.NewReader(buf), resp.Body), Closer: resp.Body}
-	if err != nil || len(buf) > maxWriteBody {
-		return 0, false
+	if id.namespace != info.Namespace && (r.namespaced || !r.ready.Load()) {
+		return false
 	}
-	var rv string
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), runtime.ContentTypeProtobuf) {
-		rv = protobufRV(buf)
-	} else {
-		var doc struct {
-			Kind     string `json:"kind"`
-			Metadata struct {
-				ResourceVersion string `json:"resourceVersion"`
-			} `json:"metadata"`
-		}
-		if json.Unmarshal(buf, &doc) == nil && doc.Kind != "Status" {
-			rv = doc.Metadata.ResourceVersion
-		}
+	return info.Name == "" || id.name == info.Name
+}
+
+// writtenObject reads the identity and resourceVersion of the object in a
+// write's answer, in JSON or protobuf.
+func writtenObject(buf []byte, contentType string) (objectIdentity, bool) {
+	if strings.HasPrefix(contentType, runtime.ContentTypeProtobuf) {
+		return protobufIdentity(buf)
 	}
-	n, err := ParseResourceVersion(rv)
-	if err != nil {
-		return 0, false
+	var doc struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+		Metadata   struct {
+			Name            string `json:"name"`
+			Namespace       string `json:"namespace"`
+			ResourceVersion string `json:"resourceVersion"`
+		} `json:"metadata"`
 	}
-	return n, true
+	if json.Unmarshal(buf, &doc) != nil {
+		return objectIdentity{}, false
+	}
+	return objectIdentity{apiVersion: doc.APIVersion, kind: doc.Kind, namespace: doc.Metadata.Namespace,
+		name: doc.Metadata.Name, rv: doc.Metadata.ResourceVersion}, true
 }
 
 type readCloser struct {
@@ -126,13 +235,15 @@ type readCloser struct {
 	io.Closer
 }
 
-// protobufRV finds metadata.resourceVersion in a protobuf envelope: the
-// object's field 1 is its ObjectMeta (resourceVersion is field 6) or, for
-// a list, its ListMeta (resourceVersion is field 2).
-func protobufRV(b []byte) string {
+// protobufIdentity reads an object's identity from kube-apiserver's
+// protobuf envelope: TypeMeta (apiVersion 1, kind 2) in field 1, the
+// object in field 2, whose field 1 is its ObjectMeta (name 1, namespace 3,
+// resourceVersion 6).
+func protobufIdentity(b []byte) (objectIdentity, bool) {
 	if !bytes.HasPrefix(b, protobufMagic) {
-		return ""
+		return objectIdentity{}, false
 	}
+	var id objectIdentity
 	var typeMeta, raw []byte
 	eachField(b[len(protobufMagic):], func(num protowire.Number, v []byte) {
 		switch num {
@@ -142,32 +253,31 @@ func protobufRV(b []byte) string {
 			raw = v
 		}
 	})
-	var kind string
 	eachField(typeMeta, func(num protowire.Number, v []byte) {
-		if num == 2 {
-			kind = string(v)
+		switch num {
+		case 1:
+			id.apiVersion = string(v)
+		case 2:
+			id.kind = string(v)
 		}
 	})
-	if kind == "Status" {
-		return ""
-	}
-	rvField := protowire.Number(6)
-	if strings.HasSuffix(kind, "List") {
-		rvField = 2
-	}
 	var metadata []byte
 	eachField(raw, func(num protowire.Number, v []byte) {
 		if num == 1 && metadata == nil {
 			metadata = v
 		}
 	})
-	var rv string
 	eachField(metadata, func(num protowire.Number, v []byte) {
-		if num == rvField {
-			rv = string(v)
+		switch num {
+		case 1:
+			id.name = string(v)
+		case 3:
+			id.namespace = string(v)
+		case 6:
+			id.rv = string(v)
 		}
 	})
-	return rv
+	return id, id.kind != ""
 }
 
 // eachField calls fn for each length-delimited field of the message b and

@@ -35,9 +35,13 @@ type dedupe struct {
 	allowTTL, denyTTL time.Duration
 	// now is the clock; nil means time.Now.
 	now func() time.Time
+	// gate, if not nil, decides whether a review may be sent.
+	gate *gate
 
-	mu   sync.Mutex // protects the field below
+	mu   sync.Mutex // protects the fields below
 	kept map[string]keptDecision
+	// keptBytes is the size of kept's keys.
+	keptBytes int
 }
 
 type decisionResult struct {
@@ -60,6 +64,10 @@ const maxKeptDecisions = 4096
 // reviewed each time, as the authorizer does not cache them either.
 const maxKeptKey = 16 << 10
 
+// maxKeptBytes bounds the kept decisions' keys in total, as
+// maxKeptDecisions bounds their number.
+const maxKeptBytes = 4 << 20
+
 func (d *dedupe) Authorize(ctx context.Context, attrs authorizer.Attributes) (authorizer.Decision, string, error) {
 	key, err := decisionKey(attrs)
 	if err != nil {
@@ -67,6 +75,9 @@ func (d *dedupe) Authorize(ctx context.Context, attrs authorizer.Attributes) (au
 	}
 	if res, ok := d.lookup(key); ok {
 		return res.decision, res.reason, nil
+	}
+	if d.gate != nil && !d.gate.allow(ctx, reviewAccess) {
+		return authorizer.DecisionNoOpinion, "", errThrottled
 	}
 	v, err, _ := d.group.Do(key, func() (any, error) {
 		start := d.clock()
@@ -102,6 +113,7 @@ func (d *dedupe) lookup(key string) (decisionResult, bool) {
 	}
 	if !d.clock().Before(k.expires) {
 		delete(d.kept, key)
+		d.keptBytes -= len(key)
 		return decisionResult{}, false
 	}
 	return k.decisionResult, true
@@ -121,16 +133,21 @@ func (d *dedupe) keep(key string, res decisionResult, start time.Time) {
 	if d.kept == nil {
 		d.kept = map[string]keptDecision{}
 	}
-	if len(d.kept) >= maxKeptDecisions {
+	if len(d.kept) >= maxKeptDecisions || d.keptBytes+len(key) > maxKeptBytes {
 		now := d.clock()
 		for k, v := range d.kept {
 			if !now.Before(v.expires) {
 				delete(d.kept, k)
+				d.keptBytes -= len(k)
 			}
 		}
-		if len(d.kept) >= maxKeptDecisions {
+		if len(d.kept) >= maxKeptDecisions || d.keptBytes+len(key) > maxKeptBytes {
 			clear(d.kept)
+			d.keptBytes = 0
 		}
+	}
+	if _, ok := d.kept[key]; !ok {
+		d.keptBytes += len(key)
 	}
 	d.kept[key] = keptDecision{res, start.Add(ttl)}
 }

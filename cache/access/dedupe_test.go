@@ -257,6 +257,19 @@ func TestKeptDecisionsBounded(t *testing.T) {
 	if _, ok := d.kept["old"]; ok {
 		t.Errorf("an expired decision was looked up and kept")
 	}
+
+	// Large keys are bounded in bytes, well before their number.
+	d = &dedupe{allowTTL: 10 * time.Second, denyTTL: 10 * time.Second}
+	for i := range 2000 {
+		d.keep(fmt.Sprintf("%d-%s", i, strings.Repeat("x", maxKeptKey-10)), decisionResult{decision: authorizer.DecisionAllow}, time.Now())
+		total := 0
+		for k := range d.kept {
+			total += len(k)
+		}
+		if total != d.keptBytes || total > maxKeptBytes {
+			t.Fatalf("after %d keys: %d bytes kept (counted %d), want at most %d", i+1, total, d.keptBytes, maxKeptBytes)
+		}
+	}
 }
 
 // TestDecisionKeyBoundaries: values that run together when concatenated

@@ -2,9 +2,11 @@ package access
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
@@ -19,6 +21,7 @@ import (
 	authenticationv1client "k8s.io/client-go/kubernetes/typed/authentication/v1"
 	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/klog/v2"
 )
 
@@ -28,7 +31,21 @@ const (
 	ReasonNoToken       = "no-token"
 	ReasonTokenRejected = "token-rejected"
 	ReasonReviewError   = "review-error"
+	// ReasonThrottled: the caller's share of reviews (or the node's) is
+	// used up for now; kube-apiserver decides instead.
+	ReasonThrottled = "review-throttled"
+	// ReasonTooLarge: the review would carry more than MaxReviewBytes of
+	// caller-chosen attributes.
+	ReasonTooLarge = "review-too-large"
 )
+
+// MaxReviewBytes bounds the attributes a caller chooses for a review that
+// the cache may answer: namespace, name and the label and field
+// selectors. Every decision is kept under its attributes (here and by
+// k8s.io/apiserver's webhook authorizer, which keeps 8,192 of them
+// whatever their size), so this bounds the memory a caller can make the
+// agent hold through its decisions. Larger requests are forwarded.
+const MaxReviewBytes = 1 << 10
 
 // MaxTTL is the longest any decision may be reused: kube-apiserver's own
 // delegated authentication and authorization defaults.
@@ -46,6 +63,8 @@ type Options struct {
 	DenyTTL  time.Duration
 	// Timeout bounds one review call to kube-apiserver. Default 5s.
 	Timeout time.Duration
+	// Gate bounds the reviews sent, per source and in total.
+	Gate GateOptions
 }
 
 func (o *Options) complete() error {
@@ -88,6 +107,8 @@ type Delegating struct {
 	authn   authenticator.Token
 	authz   authorizer.Authorizer
 	metrics *Metrics
+	// sources tells the token reviewer whose request a token came with.
+	sources *tokenSources
 }
 
 var _ Reviewer = (*Delegating)(nil)
@@ -99,6 +120,9 @@ func New(cfg *rest.Config, opts Options) (*Delegating, error) {
 		return nil, err
 	}
 	cfg = observed(cfg)
+	// The gate bounds reviews without waiting; a client-side rate limiter
+	// would make every caller queue behind the busiest one.
+	cfg.RateLimiter = flowcontrol.NewFakeAlwaysRateLimiter()
 	authn, err := authenticationv1client.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("creating the TokenReview client: %w", err)
@@ -108,6 +132,8 @@ func New(cfg *rest.Config, opts Options) (*Delegating, error) {
 		return nil, fmt.Errorf("creating the SubjectAccessReview client: %w", err)
 	}
 	m := NewMetrics()
+	g := newGate(opts.Gate, m)
+	srcs := &tokenSources{m: map[string]*tokenSource{}}
 	webhook, err := webhooktoken.NewFromInterface(authn,
 		nil, // no audiences: kube-apiserver checks its own, as for the request itself
 		reviewBackoff, opts.Timeout,
@@ -129,8 +155,9 @@ func New(cfg *rest.Config, opts Options) (*Delegating, error) {
 		return nil, fmt.Errorf("creating the authorizer: %w", err)
 	}
 	return &Delegating{
-		authn:   cache.New(tokenReviewer{webhook, m}, false, opts.TokenTTL, opts.TokenTTL),
-		authz:   &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}, allowTTL: opts.AllowTTL, denyTTL: opts.DenyTTL},
+		authn:   cache.New(tokenReviewer{webhook: webhook, metrics: m, gate: g, sources: srcs}, false, opts.TokenTTL, opts.TokenTTL),
+		sources: srcs,
+		authz:   &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}, allowTTL: opts.AllowTTL, denyTTL: opts.DenyTTL, gate: g},
 		metrics: m,
 	}, nil
 }
@@ -157,11 +184,18 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 	if !ok {
 		return Result{Verdict: Forward, Reason: ReasonNoToken}
 	}
-	ctx := r.Context()
+	if reviewSize(r, info) > MaxReviewBytes {
+		return Result{Verdict: Forward, Reason: ReasonTooLarge}
+	}
+	ctx := withSource(r.Context(), r.RemoteAddr)
 
 	d.metrics.lookup(reviewToken)
+	leave := d.sources.enter(token, sourceFrom(ctx))
 	resp, ok, err := d.authn.AuthenticateToken(ctx, token)
+	leave()
 	switch {
+	case errors.Is(err, errThrottled):
+		return Result{Verdict: Forward, Reason: ReasonThrottled}
 	case err != nil:
 		klog.FromContext(ctx).V(4).Info("Token review failed; forwarding", "err", err)
 		return Result{Verdict: Forward, Reason: ReasonReviewError}
@@ -189,15 +223,32 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 	}
 	switch {
 	case decision == authorizer.DecisionAllow:
-		return Result{Verdict: Allowed}
+		return Result{Verdict: Allowed, User: resp.User, AuthorizationReason: reason}
+	case errors.Is(err, errThrottled):
+		return Result{Verdict: Forward, Reason: ReasonThrottled}
 	case err != nil:
 		// As kube-apiserver, which answers 500 when no authorizer allowed
 		// and one failed; forwarding lets it decide.
 		klog.FromContext(ctx).V(4).Info("Access review failed; forwarding", "err", err)
 		return Result{Verdict: Forward, Reason: ReasonReviewError}
 	default:
-		return Result{Verdict: Denied, Err: responsewriters.ForbiddenStatusError(attrs, reason)}
+		return Result{Verdict: Denied, Err: responsewriters.ForbiddenStatusError(attrs, reason), User: resp.User, AuthorizationReason: reason}
 	}
+}
+
+// reviewSize is the size of the review attributes r's caller chose:
+// namespace, name (which a list takes from a metadata.name field
+// selector), and the raw label and field selectors (the parsed
+// requirements the review also carries are no larger).
+func reviewSize(r *http.Request, info *request.RequestInfo) int {
+	q := r.URL.Query()
+	n := len(info.Namespace) + len(info.Name)
+	for _, k := range []string{"labelSelector", "fieldSelector"} {
+		for _, v := range q[k] {
+			n += len(v)
+		}
+	}
+	return n
 }
 
 // impersonates reports whether h asks to act as another user. Those
@@ -231,9 +282,17 @@ func bearerToken(h http.Header) (string, bool) {
 type tokenReviewer struct {
 	webhook authenticator.Token
 	metrics *Metrics
+	gate    *gate
+	sources *tokenSources
 }
 
 func (a tokenReviewer) AuthenticateToken(ctx context.Context, token string) (*authenticator.Response, bool, error) {
+	// The token cache calls this with a context of its own, shared by
+	// every caller of the same token; the source comes from the callers.
+	if !a.gate.allow(context.WithValue(ctx, sourceKey{}, a.sources.source(token)), reviewToken) {
+		// An error, so the token cache keeps nothing.
+		return nil, false, errThrottled
+	}
 	ctx, out := withOutcome(quiet(ctx))
 	resp, ok, err := a.webhook.AuthenticateToken(ctx, token)
 	switch {
@@ -246,6 +305,49 @@ func (a tokenReviewer) AuthenticateToken(ctx context.Context, token string) (*au
 		a.metrics.reviewed(reviewToken, "error")
 	}
 	return resp, ok, err
+}
+
+// tokenSources maps the tokens being authenticated to the source of a
+// request that carries them, while they are.
+type tokenSources struct {
+	mu sync.Mutex // protects the field below
+	m  map[string]*tokenSource
+}
+
+type tokenSource struct {
+	src   string
+	users int
+}
+
+// enter records that a request from src is authenticating token, until
+// the returned func is called.
+func (t *tokenSources) enter(token, src string) func() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	e := t.m[token]
+	if e == nil {
+		e = &tokenSource{}
+		t.m[token] = e
+	}
+	e.src = src
+	e.users++
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if e.users--; e.users == 0 {
+			delete(t.m, token)
+		}
+	}
+}
+
+// source returns the source of a request authenticating token.
+func (t *tokenSources) source(token string) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := t.m[token]; e != nil {
+		return e.src
+	}
+	return ""
 }
 
 // withTimeout bounds each authorization, which the webhook authorizer does

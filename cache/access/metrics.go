@@ -13,9 +13,10 @@ const (
 // Metrics count the reviewer's work. The share of decisions served from
 // its caches is 1 - reviews/lookups, per review type.
 type Metrics struct {
-	reviews  *prometheus.CounterVec
-	lookups  *prometheus.CounterVec
-	verdicts *prometheus.CounterVec
+	reviews   *prometheus.CounterVec
+	lookups   *prometheus.CounterVec
+	verdicts  *prometheus.CounterVec
+	throttles *prometheus.CounterVec
 }
 
 // NewMetrics returns unregistered metrics.
@@ -33,12 +34,16 @@ func NewMetrics() *Metrics {
 			Name: "kube_apicache_access_verdicts_total",
 			Help: "Outcomes of reviewing requests the cache could answer: allowed, denied, or forwarded with a reason.",
 		}, []string{"verdict", "reason"}),
+		throttles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_access_reviews_throttled_total",
+			Help: "Reviews not sent because the caller's share (limit=source) or the node's (limit=global) was used up; the request was forwarded instead.",
+		}, []string{"review", "limit"}),
 	}
 }
 
 // Register adds the metrics to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.reviews, m.lookups, m.verdicts} {
+	for _, c := range []prometheus.Collector{m.reviews, m.lookups, m.verdicts, m.throttles} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -48,6 +53,10 @@ func (m *Metrics) Register(reg prometheus.Registerer) error {
 
 func (m *Metrics) reviewed(review, result string) {
 	m.reviews.WithLabelValues(review, result).Inc()
+}
+
+func (m *Metrics) throttled(review, limit string) {
+	m.throttles.WithLabelValues(review, limit).Inc()
 }
 
 func (m *Metrics) lookup(review string) {

@@ -5,9 +5,11 @@
 package access
 
 import (
+	"context"
 	"net/http"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/endpoints/request"
 )
 
@@ -35,6 +37,26 @@ type Result struct {
 	Reason string
 	// Err is set for Denied.
 	Err *apierrors.StatusError
+	// User is the authenticated caller, for Allowed and Denied.
+	User user.Info
+	// AuthorizationReason is the authorizer's reason for its decision,
+	// for Allowed and Denied (kube-apiserver's authorization.k8s.io/reason
+	// audit annotation).
+	AuthorizationReason string
+}
+
+type resultKey struct{}
+
+// WithResult returns ctx carrying the review result of the request it
+// belongs to, for the handlers that answer it (audit).
+func WithResult(ctx context.Context, res Result) context.Context {
+	return context.WithValue(ctx, resultKey{}, res)
+}
+
+// ResultFrom returns the review result WithResult stored in ctx.
+func ResultFrom(ctx context.Context) (Result, bool) {
+	res, ok := ctx.Value(resultKey{}).(Result)
+	return res, ok
 }
 
 // Reviewer reviews requests that the cache could answer.

@@ -1,8 +1,8 @@
 package cache
 
 import (
+	"mime"
 	"net/http"
-	"net/url"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +12,9 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
 	"k8s.io/client-go/kubernetes/scheme"
 )
+
+// Content negotiation: which encoding and shape a cached answer takes, as
+// kube-apiserver would choose them, or why the request is forwarded.
 
 // transform is the shape a response's objects take, as requested with the
 // Accept header's as=, g= and v= parameters.
@@ -134,6 +137,9 @@ func wantsTransform(r *http.Request) bool {
 // negotiateTransform does (after the same checks for pretty output, which
 // the cache never writes).
 func negotiateShape(r *http.Request, builtin bool, verb string) (mediaType, transform, string) {
+	if len(r.Header.Values("Accept")) > 1 || !answerableAccept(r.Header.Get("Accept"), wantsTransform(r)) {
+		return 0, 0, reasonMediaType
+	}
 	if !wantsTransform(r) {
 		m, reason := negotiate(r, builtin)
 		return m, asObject, reason
@@ -150,23 +156,89 @@ func negotiateShape(r *http.Request, builtin bool, verb string) (mediaType, tran
 	return negotiateTransform(r, builtin, verb)
 }
 
-// planShape completes a transformed plan: a Table needs the CRD version's
-// columns and the request's TableOptions.
-func (c *Cache) planShape(p *plan, query url.Values) string {
-	if p.as != asTable {
-		return ""
+// negotiate picks the response encoding as kube-apiserver would, and
+// forwards what the cache does not write itself: Table and other
+// transformations, YAML, pretty printing, unknown types.
+func negotiate(r *http.Request, builtin bool) (mediaType, string) {
+	accept := r.Header.Get("Accept")
+	if strings.Contains(accept, "as=") || strings.Contains(accept, "pretty") {
+		return 0, reasonMediaType
 	}
-	var v *crdVersion
-	if c.crds != nil {
-		v = c.crds.version(p.res.gvr)
+	if strings.Contains(r.URL.RawQuery, "pretty") {
+		return 0, reasonPretty
 	}
-	if v == nil {
-		return reasonNotCached
+	if ua := r.UserAgent(); strings.HasPrefix(ua, "curl") || strings.HasPrefix(ua, "Wget") || strings.HasPrefix(ua, "Mozilla/5.0") {
+		// kube-apiserver indents JSON for these clients.
+		return 0, reasonPretty
 	}
-	opts, ok := tableOptions(query)
+	supported := customMediaTypes
+	if builtin {
+		supported = builtinMediaTypes
+	}
+	opts, ok := negotiation.NegotiateMediaTypeOptions(accept, supported, negotiation.DefaultEndpointRestrictions)
 	if !ok {
-		return reasonParameters
+		return 0, reasonMediaType
 	}
-	p.table, p.tableOpts = v.table, opts
-	return ""
+	switch opts.Accepted.MediaType {
+	case runtime.ContentTypeJSON:
+		return mediaJSON, ""
+	case runtime.ContentTypeProtobuf:
+		return mediaProtobuf, ""
+	}
+	return 0, reasonMediaType
+}
+
+// The media types kube-apiserver offers for built-in and for custom
+// resources (YAML is offered so that a client preferring it is forwarded
+// rather than answered in another type).
+var builtinMediaTypes, customMediaTypes = func() ([]runtime.SerializerInfo, []runtime.SerializerInfo) {
+	var builtin, custom []runtime.SerializerInfo
+	for _, info := range scheme.Codecs.SupportedMediaTypes() {
+		switch info.MediaType {
+		case runtime.ContentTypeJSON, runtime.ContentTypeYAML:
+			builtin = append(builtin, info)
+			custom = append(custom, info)
+		case runtime.ContentTypeProtobuf:
+			builtin = append(builtin, info)
+		}
+	}
+	return builtin, custom
+}()
+
+// answerableAccept reports whether every media range in accept is one the
+// cache negotiates exactly as kube-apiserver does: application/json,
+// application/vnd.kubernetes.protobuf or */*, written in lower case, with
+// no parameter but q (and as, g and v when the client asks for a
+// transformation). kube-apiserver's answer to anything else depends on
+// details of its negotiation the cache does not reproduce (it refuses
+// application/*, for one) or on parameters of newer API versions (such as
+// drop=), so those requests are forwarded, never answered. No Accept
+// header at all is JSON.
+func answerableAccept(accept string, transform bool) bool {
+	if accept == "" {
+		return true
+	}
+	for _, clause := range strings.Split(accept, ",") {
+		mt, params, err := mime.ParseMediaType(clause)
+		if err != nil {
+			return false
+		}
+		if raw, _, _ := strings.Cut(clause, ";"); strings.TrimSpace(raw) != mt {
+			return false
+		}
+		switch mt {
+		case runtime.ContentTypeJSON, runtime.ContentTypeProtobuf, "*/*":
+		default:
+			return false
+		}
+		for k := range params {
+			switch {
+			case k == "q":
+			case transform && (k == "as" || k == "g" || k == "v"):
+			default:
+				return false
+			}
+		}
+	}
+	return true
 }
