@@ -16,6 +16,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-apicache/kube-apicache/agent/audit"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/cache/access"
 )
@@ -37,6 +38,8 @@ type Agent struct {
 	handler http.Handler
 	// cache answers covered reads; nil when no resource is cached.
 	cache *apicache.Cache
+	// audit records the requests the cache answers; off unless configured.
+	audit *audit.Auditor
 	// syncNow asks the run loop for a sync before the next tick.
 	syncNow chan struct{}
 	// drain is cancelled when shutdown starts, which ends open watches so
@@ -81,6 +84,9 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 		notReady:   errors.New("starting"),
 	}
 	var err error
+	if a.audit, err = audit.New(cfg.Audit, longRunning); err != nil {
+		return nil, err
+	}
 	if a.planes, err = newDataplanes(cfg, k); err != nil {
 		return nil, err
 	}
@@ -117,10 +123,14 @@ func (a *Agent) buildHandler() http.Handler {
 		// Cached reads have an in-flight bound of their own, so a slow
 		// upstream holding forwarded reads cannot starve them.
 		forward = a.cache.Handler(forward, func(h http.Handler) http.Handler {
-			return a.metrics.instrument("cache", a.limitInFlight("cache", h, lim.MaxRequestsInFlight, 0))
+			return a.metrics.instrument("cache", a.audit.Wrap(a.limitInFlight("cache", h, lim.MaxRequestsInFlight, 0)))
 		})
 	}
-	return withRequestInfo(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// Every request, cached or forwarded, counts against the long-running
+	// bounds if it is long-running, and gets a deadline for its body if
+	// it is not.
+	forward = a.limitLongRunning(withBodyDeadline(forward, lim.withDefaults().RequestBodyTimeout))
+	return a.audit.WithReceivedTimestamp(withRequestInfo(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if info, ok := request.RequestInfoFrom(r.Context()); ok && info.Verb == "watch" {
 			ctx, cancel := context.WithCancel(r.Context())
 			defer cancel()
@@ -129,7 +139,7 @@ func (a *Agent) buildHandler() http.Handler {
 			r = r.WithContext(ctx)
 		}
 		forward.ServeHTTP(w, r)
-	}))
+	})))
 }
 
 // Ready returns nil while the agent intercepts, else the reason it does not.
@@ -165,6 +175,12 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			a.removeStale()
 		}
 	}()
+	// The audit backend outlives the server: it stops (delivering what
+	// it holds) only after shutdown has drained the requests.
+	if err := a.audit.Start(logger); err != nil {
+		return err
+	}
+	defer a.audit.Shutdown()
 	// One listener per family, on the address that family's VIPs are
 	// redirected to.
 	var ls []net.Listener
@@ -480,13 +496,14 @@ func (a *Agent) removeStale() {
 }
 
 // newCache builds the node-local cache and the reviewer that guards it,
-// both with the agent's own client configuration. It does nothing when no
-// resource is to be cached.
+// both with the agent's own client configuration (with CacheAsNode, the
+// cache watches this node's pods and Node as the node). It does nothing
+// when no resource is to be cached.
 func (a *Agent) newCache() error {
 	if len(a.cfg.CacheResources) == 0 {
 		return nil
 	}
-	reviewer, err := access.New(a.restConfig(), access.Options{})
+	reviewer, err := access.New(a.restConfig(), access.Options{Gate: a.cfg.Limits.gate()})
 	if err != nil {
 		return fmt.Errorf("access reviews: %w", err)
 	}
@@ -500,6 +517,8 @@ func (a *Agent) newCache() error {
 		Reviewer:               reviewer,
 		WaitTimeout:            a.cfg.CacheWaitTimeout,
 		ForwardConsistentReads: a.cfg.CacheForwardConsistentReads,
+		AsNode:                 a.cfg.CacheAsNode,
+		MaxInFlightPerSource:   a.cfg.Limits.withDefaults().MaxCacheRequestsPerSource,
 		Registerer:             a.metrics.registry,
 	})
 	return err

@@ -10,6 +10,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/kube-apicache/kube-apicache/agent/audit"
 	"github.com/kube-apicache/kube-apicache/agent/identity"
 	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/netrules"
@@ -45,10 +46,15 @@ type Config struct {
 	// through the Service VIP.
 	Upstreams []*url.URL
 	// UpstreamCAFile is the CA bundle that verifies the upstream serving
-	// certificates (in a pod: the ServiceAccount ca.crt).
+	// certificates (in a pod: the ServiceAccount ca.crt). Where
+	// kube-apiserver's serving certificate comes from a CA of its own, this
+	// should be that CA alone: the cluster CA also signs kubelet-serving
+	// certificates, the agents' among them.
 	UpstreamCAFile string
-	// UpstreamServerName overrides the name checked in the upstream
-	// certificates; by default the host of each upstream URL.
+	// UpstreamServerName is the DNS name (or IP) every upstream certificate
+	// must carry, whichever endpoint IP was dialled. Empty means
+	// DefaultUpstreamServerName; set it only for an apiserver certificate
+	// that lacks that name (see upstreamTLSConfig).
 	UpstreamServerName string
 	// UpstreamCheckTimeout bounds the start-up health check of the upstream.
 	UpstreamCheckTimeout time.Duration
@@ -118,6 +124,15 @@ type Config struct {
 	// CacheForwardConsistentReads forwards every read with
 	// resourceVersion="" instead of answering it from the cache.
 	CacheForwardConsistentReads bool
+	// CacheAsNode watches this node's pods and Node as the node
+	// (constrained impersonation of system:node:<NodeName>) rather than as
+	// the agent, whose RBAC then needs no pods or nodes at all.
+	CacheAsNode bool
+
+	// Audit configures the audit log of the requests the agent answers
+	// itself (kube-apiserver's audit options); nil or without a policy
+	// file, nothing is recorded.
+	Audit *audit.Options
 }
 
 // Default values for Config fields.
@@ -128,13 +143,28 @@ const (
 	DefaultServiceVIP           = "10.96.0.1"
 	DefaultServicePort          = 443
 	DefaultUpstreamCAFile       = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+	DefaultUpstreamServerName   = "kubernetes.default.svc"
 	DefaultUpstreamCheckTimeout = 10 * time.Second
 	DefaultTokenFile            = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 	DefaultSocketMark           = 0x1000
 	DefaultChain                = "KUBE-APICACHE"
 	DefaultPodCAFile            = DefaultUpstreamCAFile
 	DefaultClusterDomain        = "cluster.local"
-	DefaultCertificateLifetime  = 24 * time.Hour
+	// DefaultCertificateLifetime is short because every agent's
+	// certificate names the kubernetes Service (its DNS names and VIP) and
+	// chains to the CA every pod trusts: a key taken from one node passes
+	// for kube-apiserver to any pod whose VIP traffic an attacker can
+	// redirect (CVE-2020-8554), and Kubernetes cannot revoke a certificate,
+	// so its lifetime bounds how long the attack outlives the node's
+	// eviction (a deleted pod's bound token can request no successor).
+	// 6h keeps renewals cheap (every 4.2-5.4h, at 70-90%: about one CSR
+	// per node per 5h) and leaves the approver at least 36 minutes (the
+	// last 10%) to approve a renewal before the old certificate expires,
+	// after which the node fails open to kube-proxy. kube-controller-
+	// manager's signer honours expirationSeconds from 10m up to its
+	// --cluster-signing-duration (default 1 year), and backdates NotBefore
+	// by 5m.
+	DefaultCertificateLifetime = 6 * time.Hour
 	// DefaultAgentServiceAccount is the agents' ServiceAccount in the
 	// shipped manifests, NAMESPACE/NAME.
 	DefaultAgentServiceAccount  = "kube-apicache/kube-apicache"

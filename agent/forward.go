@@ -59,6 +59,13 @@ func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if timeout := bodyTimedOut(r); timeout != nil {
+				// The client held its body back (the read deadline also
+				// cancelled the request's context); it is still there to
+				// be told.
+				writeStatus(w, r, timeout)
+				return
+			}
 			if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 				// The client went away; there is nobody to answer.
 				return
@@ -111,6 +118,13 @@ func isWatch(r *http.Request) bool {
 	}
 	info, ok := request.RequestInfoFrom(r.Context())
 	return ok && info.Verb == "watch"
+}
+
+// isLongRunning reports whether r is long-running by kube-apiserver's rule
+// (watch, proxy, exec, attach, port-forward, logs).
+func isLongRunning(r *http.Request) bool {
+	info, ok := request.RequestInfoFrom(r.Context())
+	return ok && longRunning(r, info)
 }
 
 // isUpgrade reports whether r asks for a protocol upgrade.

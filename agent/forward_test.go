@@ -18,7 +18,12 @@ func newTestAgent(t *testing.T, upstream *httptest.Server) *Agent {
 	t.Helper()
 	u, _ := url.Parse(upstream.URL)
 	t0 := upstream.Client().Transport.(*http.Transport).Clone()
-	up := &upstreams{transport: t0, upgradeTransport: http1Only(t0), endpoints: []*endpoint{newEndpoint(u)}}
+	return newTestAgentWithUpstreams(t, &upstreams{transport: t0, upgradeTransport: http1Only(t0), endpoints: []*endpoint{newEndpoint(u)}})
+}
+
+// newTestAgentWithUpstreams returns an agent that forwards to up.
+func newTestAgentWithUpstreams(t *testing.T, up *upstreams) *Agent {
+	t.Helper()
 	drain, startDrain := context.WithCancel(context.Background())
 	t.Cleanup(startDrain)
 	a := &Agent{cfg: &Config{}, up: up, metrics: newMetrics(), drain: drain, startDrain: startDrain}

@@ -3,15 +3,23 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/pflag"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/server/filters"
+
+	apicache "github.com/kube-apicache/kube-apicache/cache"
+	"github.com/kube-apicache/kube-apicache/cache/access"
 )
 
 // Limits bound what clients can make the agent hold: connections that never
@@ -49,6 +57,37 @@ type Limits struct {
 	// counted.
 	MaxRequestsInFlight         int
 	MaxMutatingRequestsInFlight int
+
+	// MaxLongRunningRequests bounds the long-running requests (watches,
+	// exec, attach, port-forward, proxy, logs) open through the agent at
+	// once, and MaxLongRunningRequestsPerSource those of one source (a
+	// client IP). Above either the request gets 429 with Retry-After. Zero
+	// means the default; negative means no bound.
+	MaxLongRunningRequests          int
+	MaxLongRunningRequestsPerSource int
+	// MaxCacheRequestsPerSource bounds the requests of one source the
+	// cache works on at once (reviews and resourceVersion waits included);
+	// past it the source's reads are forwarded. Zero means the default;
+	// negative means no bound.
+	MaxCacheRequestsPerSource int
+	// RequestBodyTimeout is how long the body of a request that is not
+	// long-running may take to arrive; a client that sends it slower gets
+	// its request failed. Zero means the default.
+	RequestBodyTimeout time.Duration
+	// MaxBufferedBodyBytes bounds the request bodies held in memory at
+	// once (to resend a write to another endpoint); past it bodies are
+	// streamed. Zero means the default.
+	MaxBufferedBodyBytes int
+
+	// ReviewQPS and ReviewBurst bound the TokenReviews and
+	// SubjectAccessReviews the agent sends in total; ReviewQPSPerSource
+	// and ReviewBurstPerSource those it sends for one source. A caller
+	// past either share is forwarded, not reviewed. Zero means the
+	// default.
+	ReviewQPS            float64
+	ReviewBurst          int
+	ReviewQPSPerSource   float64
+	ReviewBurstPerSource int
 }
 
 // Defaults, as kube-apiserver serves.
@@ -63,6 +102,17 @@ const (
 	DefaultMaxMutatingRequestsInFlight = 200
 )
 
+// Defaults of the bounds kube-apiserver has no counterpart of: they are
+// what one node's pods need, with room to spare.
+const (
+	// A node of 110 pods holding a dozen watches each.
+	DefaultMaxLongRunningRequests = 2000
+	// A controller with a watch per resource type of a large cluster.
+	DefaultMaxLongRunningRequestsPerSource = 250
+	// kube-apiserver's --request-timeout.
+	DefaultRequestBodyTimeout = time.Minute
+)
+
 // DefaultLimits returns the limits the command line starts from.
 func DefaultLimits() Limits {
 	return Limits{
@@ -74,6 +124,16 @@ func DefaultLimits() Limits {
 		HTTP2MaxStreamBuffer:        DefaultHTTP2MaxStreamBuffer,
 		MaxRequestsInFlight:         DefaultMaxRequestsInFlight,
 		MaxMutatingRequestsInFlight: DefaultMaxMutatingRequestsInFlight,
+
+		MaxLongRunningRequests:          DefaultMaxLongRunningRequests,
+		MaxLongRunningRequestsPerSource: DefaultMaxLongRunningRequestsPerSource,
+		MaxCacheRequestsPerSource:       apicache.DefaultMaxInFlightPerSource,
+		RequestBodyTimeout:              DefaultRequestBodyTimeout,
+		MaxBufferedBodyBytes:            DefaultMaxBufferedBodyBytes,
+		ReviewQPS:                       access.DefaultReviewQPS,
+		ReviewBurst:                     access.DefaultReviewBurst,
+		ReviewQPSPerSource:              access.DefaultSourceReviewQPS,
+		ReviewBurstPerSource:            access.DefaultSourceReviewBurst,
 	}
 }
 
@@ -87,6 +147,15 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.HTTP2MaxStreamBuffer, "http2-max-stream-buffer", l.HTTP2MaxStreamBuffer, "HTTP/2 receive window per stream; the connection window is this times --http2-max-streams-per-connection.")
 	fs.IntVar(&l.MaxRequestsInFlight, "max-requests-inflight", l.MaxRequestsInFlight, "Non-mutating requests (get, list) served at once before 429; watches and other long-running requests are not counted. 0 means no limit.")
 	fs.IntVar(&l.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", l.MaxMutatingRequestsInFlight, "Mutating requests forwarded at once before 429. 0 means no limit.")
+	fs.IntVar(&l.MaxLongRunningRequests, "max-long-running-requests", l.MaxLongRunningRequests, "Long-running requests (watches, exec, attach, port-forward, proxy, logs) open at once before 429. Negative means no limit.")
+	fs.IntVar(&l.MaxLongRunningRequestsPerSource, "max-long-running-requests-per-source", l.MaxLongRunningRequestsPerSource, "Long-running requests one client IP may have open at once before 429 (host-network pods share the node's IP). Negative means no limit.")
+	fs.IntVar(&l.MaxCacheRequestsPerSource, "max-cache-requests-per-source", l.MaxCacheRequestsPerSource, "Reads of one client IP the cache works on at once (reviews and resourceVersion waits included); past it that client's reads are forwarded. Negative means no limit.")
+	fs.DurationVar(&l.RequestBodyTimeout, "request-body-timeout", l.RequestBodyTimeout, "How long the body of a request that is not long-running may take to arrive.")
+	fs.IntVar(&l.MaxBufferedBodyBytes, "max-buffered-body-bytes", l.MaxBufferedBodyBytes, "Request bodies held in memory at once, all requests together, to resend a write to another endpoint; bodies past it are streamed.")
+	fs.Float64Var(&l.ReviewQPS, "review-qps", l.ReviewQPS, "TokenReviews and SubjectAccessReviews per second the agent sends in total; callers past it are forwarded instead of reviewed.")
+	fs.IntVar(&l.ReviewBurst, "review-burst", l.ReviewBurst, "Burst of --review-qps.")
+	fs.Float64Var(&l.ReviewQPSPerSource, "review-qps-per-source", l.ReviewQPSPerSource, "Reviews per second the agent sends for one client IP; past it that client's reads are forwarded instead of reviewed, so one pod cannot use up the others' reviews.")
+	fs.IntVar(&l.ReviewBurstPerSource, "review-burst-per-source", l.ReviewBurstPerSource, "Burst of --review-qps-per-source.")
 }
 
 // Validate reports the first invalid limit, as a one-line error naming its
@@ -109,6 +178,14 @@ func (l *Limits) Validate() error {
 		return errors.New("--max-requests-inflight must not be negative")
 	case l.MaxMutatingRequestsInFlight < 0:
 		return errors.New("--max-mutating-requests-inflight must not be negative")
+	case l.RequestBodyTimeout < 0:
+		return errors.New("--request-body-timeout must not be negative")
+	case l.MaxBufferedBodyBytes < 0:
+		return errors.New("--max-buffered-body-bytes must not be negative")
+	case l.ReviewQPS < 0 || l.ReviewQPSPerSource < 0:
+		return errors.New("--review-qps and --review-qps-per-source must not be negative")
+	case l.ReviewBurst < 0 || l.ReviewBurstPerSource < 0:
+		return errors.New("--review-burst and --review-burst-per-source must not be negative")
 	}
 	return nil
 }
@@ -117,25 +194,31 @@ func (l *Limits) Validate() error {
 // defaults.
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
-	if l.ReadHeaderTimeout == 0 {
-		l.ReadHeaderTimeout = d.ReadHeaderTimeout
-	}
-	if l.IdleTimeout == 0 {
-		l.IdleTimeout = d.IdleTimeout
-	}
-	if l.MaxHeaderBytes == 0 {
-		l.MaxHeaderBytes = d.MaxHeaderBytes
-	}
-	if l.HTTP2MaxStreams == 0 {
-		l.HTTP2MaxStreams = d.HTTP2MaxStreams
-	}
-	if l.HTTP2MaxFrameSize == 0 {
-		l.HTTP2MaxFrameSize = d.HTTP2MaxFrameSize
-	}
-	if l.HTTP2MaxStreamBuffer == 0 {
-		l.HTTP2MaxStreamBuffer = d.HTTP2MaxStreamBuffer
-	}
+	setDefault(&l.ReadHeaderTimeout, d.ReadHeaderTimeout)
+	setDefault(&l.IdleTimeout, d.IdleTimeout)
+	setDefault(&l.MaxHeaderBytes, d.MaxHeaderBytes)
+	setDefault(&l.HTTP2MaxStreams, d.HTTP2MaxStreams)
+	setDefault(&l.HTTP2MaxFrameSize, d.HTTP2MaxFrameSize)
+	setDefault(&l.HTTP2MaxStreamBuffer, d.HTTP2MaxStreamBuffer)
+	setDefault(&l.MaxLongRunningRequests, d.MaxLongRunningRequests)
+	setDefault(&l.MaxLongRunningRequestsPerSource, d.MaxLongRunningRequestsPerSource)
+	setDefault(&l.MaxCacheRequestsPerSource, d.MaxCacheRequestsPerSource)
+	setDefault(&l.RequestBodyTimeout, d.RequestBodyTimeout)
+	setDefault(&l.MaxBufferedBodyBytes, d.MaxBufferedBodyBytes)
 	return l
+}
+
+// setDefault sets *v to def if it is the zero value.
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// gate returns the review bounds of the access reviewer.
+func (l Limits) gate() access.GateOptions {
+	return access.GateOptions{QPS: l.ReviewQPS, Burst: l.ReviewBurst, SourceQPS: l.ReviewQPSPerSource, SourceBurst: l.ReviewBurstPerSource}
 }
 
 // http2Config is the HTTP/2 half of the limits. The connection window holds
@@ -214,4 +297,114 @@ func (m *metrics) trackConn(_ net.Conn, state http.ConnState) {
 	case http.StateHijacked, http.StateClosed:
 		m.openConns.Dec()
 	}
+}
+
+// limitLongRunning bounds the long-running requests open at once through
+// h, in total and per source (client IP), without waiting: a request past
+// either bound gets 429 with Retry-After: 1, which client-go's watches and
+// kubectl retry. kube-apiserver's own in-flight limits leave these
+// requests out, since each may stay open for hours; here each holds a
+// goroutine, buffers and an upstream stream, so they are bounded
+// separately. The request must carry its RequestInfo.
+func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
+	lim := a.cfg.Limits.withDefaults()
+	total, perSource := lim.MaxLongRunningRequests, lim.MaxLongRunningRequestsPerSource
+	if total < 0 && perSource < 0 {
+		return h
+	}
+	var mu sync.Mutex // protects the fields below
+	open := 0
+	bySource := map[string]int{}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info, ok := request.RequestInfoFrom(r.Context())
+		if !ok || !longRunning(r, info) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		src, _, err := net.SplitHostPort(r.RemoteAddr)
+		if err != nil {
+			src = r.RemoteAddr
+		}
+		mu.Lock()
+		if (total >= 0 && open >= total) || (perSource >= 0 && bySource[src] >= perSource) {
+			mu.Unlock()
+			a.metrics.rejected.WithLabelValues("long-running", "long-running").Inc()
+			w.Header().Set("Retry-After", "1")
+			writeStatus(w, r, apierrors.NewTooManyRequests("too many long-running requests through the node-local API proxy, please try again later", 1))
+			return
+		}
+		open++
+		bySource[src]++
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			open--
+			if bySource[src]--; bySource[src] <= 0 {
+				delete(bySource, src)
+			}
+			mu.Unlock()
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// withBodyDeadline gives the body of a request that is not long-running
+// (nor an upgrade) lim.RequestBodyTimeout to arrive: a client that holds
+// the last bytes of a body back has its request failed, instead of holding
+// the agent's buffers and an upstream stream for as long as it likes. The
+// deadline is lifted as soon as the body has been read, so it never
+// limits how long the answer takes. The request must carry its
+// RequestInfo.
+func withBodyDeadline(h http.Handler, timeout time.Duration) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || isUpgrade(r) || isLongRunning(r) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		deadline := time.Now().Add(timeout)
+		if rc.SetReadDeadline(deadline) == nil {
+			b := &deadlineBody{ReadCloser: r.Body, rc: rc, timeout: timeout, deadline: deadline}
+			r = r.WithContext(context.WithValue(r.Context(), deadlineBodyKey{}, b))
+			r.Body = b
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// deadlineBodyKey carries a request's *deadlineBody in its context.
+type deadlineBodyKey struct{}
+
+// deadlineBody lifts the read deadline once the body has been read to its
+// end, and remembers that it was. A body that ends otherwise keeps its
+// deadline: after the handler, net/http reads what is left of a short
+// body before it answers, and must not wait for it forever.
+type deadlineBody struct {
+	io.ReadCloser
+	rc       *http.ResponseController
+	timeout  time.Duration
+	deadline time.Time
+	complete atomic.Bool
+}
+
+func (b *deadlineBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && !b.complete.Swap(true) {
+		_ = b.rc.SetReadDeadline(time.Time{})
+	}
+	return n, err
+}
+
+// bodyTimedOut returns the error to answer a request whose body did not
+// arrive within its deadline, or nil: kube-apiserver's 504 for a request
+// that did not complete in time. (The deadline's read error also cancels
+// the request's context, which the forwarder may see first; so the
+// deadline is checked, not the error.)
+func bodyTimedOut(r *http.Request) error {
+	// The forwarder's outgoing request wraps the body; the context
+	// carries it unchanged.
+	if b, ok := r.Context().Value(deadlineBodyKey{}).(*deadlineBody); ok && !b.complete.Load() && !time.Now().Before(b.deadline) {
+		return apierrors.NewTimeoutError(fmt.Sprintf("request body did not arrive within %v", b.timeout), 0)
+	}
+	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -547,5 +549,217 @@ func TestLimitsValidate(t *testing.T) {
 		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("Validate() = %v, want error containing %q", err, tc.want)
 		}
+	}
+}
+
+// TestLongRunningLimit: long-running requests are bounded per source and
+// in total, with 429 and Retry-After; short requests are not counted, and
+// slots come back when a watch ends.
+func TestLongRunningLimit(t *testing.T) {
+	release := make(chan struct{})
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		if r.URL.Query().Get("watch") == "true" {
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+	}))
+	defer upstream.Close()
+	a := newTestAgentWithLimits(t, upstream, Limits{MaxLongRunningRequests: 3, MaxLongRunningRequestsPerSource: 2})
+	handler := a.handler
+	withSource := func(src string) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.RemoteAddr = src
+			handler.ServeHTTP(w, r)
+		})
+	}
+	fronts := map[string]*httptest.Server{}
+	for _, src := range []string{"10.0.0.1:1", "10.0.0.2:1"} {
+		fronts[src] = httptest.NewServer(withSource(src))
+		defer fronts[src].Close()
+	}
+	var open []*http.Response
+	watch := func(src string) int {
+		resp, err := http.Get(fronts[src].URL + "/api/v1/namespaces/a/pods?watch=true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode == http.StatusOK {
+			open = append(open, resp)
+		} else {
+			resp.Body.Close()
+		}
+		return resp.StatusCode
+	}
+	for i := range 2 {
+		if code := watch("10.0.0.1:1"); code != http.StatusOK {
+			t.Fatalf("watch %d of a source within its bound: %d", i, code)
+		}
+	}
+	if code := watch("10.0.0.1:1"); code != http.StatusTooManyRequests {
+		t.Errorf("third watch of one source: %d, want 429", code)
+	}
+	if code := watch("10.0.0.2:1"); code != http.StatusOK {
+		t.Errorf("another source's watch: %d, want 200", code)
+	}
+	if code := watch("10.0.0.2:1"); code != http.StatusTooManyRequests {
+		t.Errorf("a watch past the total bound: %d, want 429", code)
+	}
+	resp, err := http.Get(fronts["10.0.0.1:1"].URL + "/api/v1/namespaces/a/pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a list while long-running requests are at their bound: %d, want 200", resp.StatusCode)
+	}
+	if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("long-running", "long-running")); got != 2 {
+		t.Errorf("rejected long-running requests counted: %v, want 2", got)
+	}
+	close(release)
+	for _, r := range open {
+		_, _ = io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+	}
+	waitFor(t, func() bool { return watchStatus(fronts["10.0.0.1:1"].URL) == http.StatusOK }, "a slot after the watches ended")
+}
+
+func watchStatus(base string) int {
+	resp, err := http.Get(base + "/api/v1/namespaces/a/pods?watch=true")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestRequestBodyDeadline: a client that holds back the end of a request
+// body has the request failed after RequestBodyTimeout, over HTTP/2 and
+// HTTP/1.1; once a body has arrived, a slow answer is not cut by it.
+func TestRequestBodyDeadline(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		if r.URL.Query().Get("slow") == "1" {
+			time.Sleep(3 * timeout)
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	a := newTestAgentWithLimits(t, upstream, Limits{RequestBodyTimeout: timeout})
+	s := startTestServer(t, a.handler, Limits{})
+	for _, tc := range []struct {
+		h2       bool
+		buffered int64
+	}{{true, 0}, {false, 0}, {true, 8 << 20}, {false, 8 << 20}} {
+		h2 := tc.h2
+		a.up.bodies.max = tc.buffered
+		t.Run(fmt.Sprintf("h2=%v,buffer=%d", h2, tc.buffered), func(t *testing.T) {
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			req, _ := http.NewRequest(http.MethodPost, "https://"+s.addr+"/api/v1/namespaces/a/configmaps", pr)
+			req.ContentLength = 1 << 20
+			go func() { _, _ = pw.Write(make([]byte, 1000)) }() // and never the rest
+			start := time.Now()
+			resp, err := s.client(h2).Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			took := time.Since(start)
+			if err == nil && resp.StatusCode != http.StatusGatewayTimeout {
+				t.Errorf("a request whose body never ended: %d, want 504", resp.StatusCode)
+			}
+			if took > 5*time.Second {
+				t.Errorf("the stalled body held its request for %v", took)
+			}
+
+			req, _ = http.NewRequest(http.MethodPost, "https://"+s.addr+"/api/v1/namespaces/a/configmaps?slow=1", strings.NewReader("{}"))
+			resp, err = s.client(h2).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusCreated {
+				t.Errorf("a write answered after %v: %d, want 201", 3*timeout, resp.StatusCode)
+			}
+		})
+	}
+}
+
+// TestRequestBodyDeadlineShortRemainder: a body held back by only a few
+// bytes is answered 504 at the deadline too; net/http reads what is left of
+// a short body before it answers, so the deadline must still be in force
+// then.
+func TestRequestBodyDeadlineShortRemainder(t *testing.T) {
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	a := newTestAgentWithLimits(t, upstream, Limits{RequestBodyTimeout: 300 * time.Millisecond})
+	s := startTestServer(t, a.handler, Limits{})
+	for _, buffered := range []int64{0, 8 << 20} {
+		a.up.bodies.max = buffered
+		conn := s.dial(t, "http/1.1")
+		head := fmt.Sprintf("POST /api/v1/namespaces/a/configmaps HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", 1<<20)
+		if _, err := conn.Write(append([]byte(head), make([]byte, 1<<20-100)...)); err != nil {
+			t.Fatal(err)
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("buffer %d: no answer to a body held back by 100 bytes: %v", buffered, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusGatewayTimeout {
+			t.Errorf("buffer %d: a body held back by 100 bytes: %d, want 504", buffered, resp.StatusCode)
+		}
+	}
+}
+
+// TestBufferedBodiesBounded: request bodies are buffered for a retry only
+// within the byte budget; past it they are streamed, and the budget is
+// given back when the round trip ends.
+func TestBufferedBodiesBounded(t *testing.T) {
+	var up *upstreams
+	var held []int64
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		held = append(held, up.bodies.used.Load())
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	u, _ := url.Parse(upstream.URL)
+	tr := upstream.Client().Transport.(*http.Transport).Clone()
+	up = &upstreams{transport: tr, upgradeTransport: http1Only(tr), endpoints: []*endpoint{newEndpoint(u)}}
+	up.bodies.max = 1500
+	send := func(n int) {
+		req, _ := http.NewRequest(http.MethodPost, upstream.URL+"/api/v1/namespaces/a/configmaps", io.NopCloser(strings.NewReader(strings.Repeat("x", n))))
+		req.ContentLength = int64(n)
+		resp, err := up.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	// 600 of 1500 bytes are held elsewhere: a 1000-byte body does not fit
+	// and is streamed; once they are given back, it is buffered.
+	if !up.bodies.reserve(600) {
+		t.Fatal("reserving within the budget failed")
+	}
+	send(1000)
+	up.bodies.release(600)
+	send(1000)
+	if diff := cmp.Diff([]int64{600, 1000}, held); diff != "" {
+		t.Errorf("budget held while upstream read each body (-want +got):\n%s", diff)
+	}
+	if n := up.bodies.used.Load(); n != 0 {
+		t.Errorf("%d bytes of the budget still held after the round trips", n)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -20,6 +21,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/agent/identity"
 )
 
 // upstreams holds the kube-apiserver endpoints, their health, and the one
@@ -33,6 +36,10 @@ import (
 // healthy one when it fails. Reads that fail before an answer came, and any
 // request that could not even connect, are retried on another endpoint.
 type upstreams struct {
+	// bodies bounds the request bodies buffered for a retry, all requests
+	// together. A body that does not fit is streamed, and its request is
+	// not retried once its body has been read from.
+	bodies byteBudget
 	// transport carries ordinary requests, over HTTP/2 where upstream
 	// offers it. upgradeTransport speaks only HTTP/1.1: net/http treats
 	// only WebSocket upgrades as HTTP/1-only and would send a SPDY upgrade
@@ -68,16 +75,13 @@ type inflightReq struct{}
 // its open streams are ended. One failure already moves new requests away.
 const deadAfter = 2
 
-// newUpstreams builds the transport for cfg's upstreams. It fails on an
-// unreadable or empty CA bundle.
+// newUpstreams builds the transport for cfg's upstreams, which verifies
+// every endpoint as upstreamTLSConfig says. It fails on an unreadable or
+// empty CA bundle.
 func newUpstreams(cfg *Config) (*upstreams, error) {
-	pem, err := os.ReadFile(cfg.UpstreamCAFile)
+	tlsConfig, err := upstreamTLSConfig(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("reading upstream CA bundle: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("upstream CA bundle %s holds no PEM certificate", cfg.UpstreamCAFile)
+		return nil, err
 	}
 	dialer := &net.Dialer{
 		Timeout:   10 * time.Second,
@@ -87,13 +91,9 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 	t := &http.Transport{
 		// Never honour HTTP(S)_PROXY from the environment: endpoints are
 		// dialled directly.
-		Proxy:       nil,
-		DialContext: dialer.DialContext,
-		TLSClientConfig: &tls.Config{
-			RootCAs:    pool,
-			ServerName: cfg.UpstreamServerName,
-			MinVersion: tls.VersionTLS12,
-		},
+		Proxy:                 nil,
+		DialContext:           dialer.DialContext,
+		TLSClientConfig:       tlsConfig,
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   10 * time.Second,
 		ExpectContinueTimeout: 1 * time.Second,
@@ -108,10 +108,86 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 		},
 	}
 	u := &upstreams{transport: t, upgradeTransport: http1Only(t)}
+	u.bodies.max = int64(cfg.Limits.withDefaults().MaxBufferedBodyBytes)
 	for _, ep := range cfg.Upstreams {
 		u.endpoints = append(u.endpoints, newEndpoint(ep))
 	}
 	return u, nil
+}
+
+// upstreamTLSConfig returns the TLS client configuration for every
+// upstream endpoint, from --upstream and from the EndpointSlices alike,
+// and for their health checks: the certificate must chain to
+// cfg.UpstreamCAFile, carry cfg.UpstreamServerName (by default
+// DefaultUpstreamServerName, kubernetes.default.svc) whatever endpoint IP
+// was dialled, and not be a node's (verifyNotNode). It fails, with one line
+// naming --upstream-ca-file, on a bundle that cannot be read or holds no
+// certificate.
+//
+// Why the Service's name, and not the endpoint IP or the Service VIP:
+//   - The endpoint IP proves nothing. EndpointSlices are data anyone with
+//     write access to them can point anywhere, and the cluster CA in the
+//     pods' ca.crt often signs kubelet-serving certificates, which carry
+//     their node's IPs: a slice pointing at a node would have received
+//     every pod's bearer token, where the pods' own check on kube-proxy's
+//     path (the VIP or the Service's names) would have failed.
+//   - The agent stands in for the Service, so it checks what the pods
+//     check. Of the Service's names and VIPs, kubernetes.default.svc is the
+//     one every kube-apiserver serving certificate carries: kube-apiserver
+//     adds it to the certificates it generates, and kubeadm, k3s and RKE2
+//     issue it. The VIP is in the certificate only if it was the Service
+//     CIDR's first IP when the certificate was made (not an IPv6 VIP of
+//     most dual-stack clusters, nor after a Service CIDR migration), and
+//     checking it would make every upstream depend on --service-vip.
+//   - Neither the names nor the VIPs tell kube-apiserver from an agent:
+//     every agent's certificate carries both, as pods must accept it. That
+//     is what verifyNotNode is for. A certificate an operator gave the
+//     agents (--tls-cert-file) without O=system:nodes still passes; a
+//     dedicated apiserver CA (--upstream-ca-file) closes that gap too.
+//
+// Since ServerName is set, the handshake sends it as SNI, where the pods,
+// dialling the VIP, send none: kube-apiserver then serves its
+// --tls-sni-cert-key certificate for that name, if one was given, and its
+// default certificate otherwise.
+func upstreamTLSConfig(cfg *Config) (*tls.Config, error) {
+	pem, err := os.ReadFile(cfg.UpstreamCAFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading --upstream-ca-file: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("--upstream-ca-file %s holds no PEM certificate", cfg.UpstreamCAFile)
+	}
+	return &tls.Config{
+		RootCAs:          pool,
+		ServerName:       orDefault(cfg.UpstreamServerName, DefaultUpstreamServerName),
+		MinVersion:       tls.VersionTLS12,
+		VerifyConnection: verifyNotNode,
+	}, nil
+}
+
+// errNodeCertificate is wrapped in the handshake error of an upstream whose
+// certificate is a node's.
+var errNodeCertificate = errors.New("upstream presented a node's certificate (kubelet serving or kube-apicache agent), not kube-apiserver's")
+
+// verifyNotNode is a tls.Config VerifyConnection that refuses a leaf
+// certificate with subject O=system:nodes or CN=system:node:<name>: what the
+// kubernetes.io/kubelet-serving signer issues, to kubelets and to the
+// agents themselves. Such a certificate may chain to the cluster CA and,
+// for an agent, carry the kubernetes Service's names and VIPs, but no
+// kube-apiserver serves one. It runs after the chain and name were
+// verified, before any request is sent, so a refused endpoint never sees a
+// client's credentials.
+func verifyNotNode(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("upstream presented no certificate")
+	}
+	leaf := cs.PeerCertificates[0]
+	if slices.Contains(leaf.Subject.Organization, identity.NodesOrganization) ||
+		strings.HasPrefix(leaf.Subject.CommonName, identity.NodeUserPrefix) {
+		return fmt.Errorf("%w: subject %q", errNodeCertificate, leaf.Subject.String())
+	}
+	return nil
 }
 
 func newEndpoint(u *url.URL) *endpoint {
@@ -139,8 +215,11 @@ func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
 	var body *readTracker
 	switch {
 	case req.Body == nil || req.Body == http.NoBody || req.GetBody != nil:
-	case req.ContentLength > 0 && req.ContentLength <= maxReplayableBody:
-		// A small body of known size (any ordinary write) is buffered, so
+	case req.ContentLength > 0 && req.ContentLength <= maxReplayableBody && !isLongRunning(req) && u.bodies.reserve(req.ContentLength):
+		defer u.bodies.release(req.ContentLength)
+		// A small body of known size (any ordinary write; never a
+		// long-running request's, such as a proxied upload, which goes on
+		// at the client's pace) is buffered within the budget, so
 		// it can be sent again: by net/http when an HTTP/2 connection is
 		// shut down (GOAWAY) before upstream processed the request, and
 		// here after a failed dial.
@@ -234,6 +313,28 @@ func (b *trackedBody) Close() error {
 
 // maxReplayableBody is the largest request body buffered for a retry.
 const maxReplayableBody = 1 << 20
+
+// DefaultMaxBufferedBodyBytes is the default bound of the request bodies
+// buffered for retries at once: 8 bodies of the largest size, or hundreds
+// of ordinary writes.
+const DefaultMaxBufferedBodyBytes = 8 << 20
+
+// byteBudget is a bound on bytes held at once, taken without waiting.
+type byteBudget struct {
+	max  int64 // fixed; zero or less allows nothing
+	used atomic.Int64
+}
+
+// reserve takes n bytes of the budget if they are free.
+func (b *byteBudget) reserve(n int64) bool {
+	if b.used.Add(n) > b.max {
+		b.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+func (b *byteBudget) release(n int64) { b.used.Add(-n) }
 
 // readTracker notes whether a request body was read from.
 type readTracker struct {

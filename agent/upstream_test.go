@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"crypto/tls"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -22,8 +23,15 @@ type testEndpoint struct {
 
 func newTestEndpoint(t *testing.T, handler http.HandlerFunc) *testEndpoint {
 	t.Helper()
+	return newTestEndpointWithCert(t, nil, handler)
+}
+
+// newTestEndpointWithCert is newTestEndpoint serving cert; nil means
+// httptest's own certificate.
+func newTestEndpointWithCert(t *testing.T, cert *tls.Certificate, handler http.HandlerFunc) *testEndpoint {
+	t.Helper()
 	e := &testEndpoint{}
-	e.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	e.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/readyz" {
 			if e.sick.Load() {
 				http.Error(w, "not ready", http.StatusInternalServerError)
@@ -33,6 +41,10 @@ func newTestEndpoint(t *testing.T, handler http.HandlerFunc) *testEndpoint {
 		e.hits.Add(1)
 		handler(w, r)
 	}))
+	if cert != nil {
+		e.srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cert}}
+	}
+	e.srv.StartTLS()
 	t.Cleanup(e.srv.Close)
 	e.url, _ = url.Parse(e.srv.URL)
 	return e

@@ -19,6 +19,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent"
+	"github.com/kube-apicache/kube-apicache/agent/audit"
 	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/netrules"
 )
@@ -73,8 +74,8 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	fs.StringSliceVar(&o.serviceVIPs, "service-vip", []string{agent.DefaultServiceVIP}, "Cluster IP(s) of the default/kubernetes Service.")
 	fs.Uint16Var(&c.ServicePort, "service-port", agent.DefaultServicePort, "Port of the default/kubernetes Service.")
 	fs.StringSliceVar(&o.upstreams, "upstream", nil, "kube-apiserver endpoint URL(s), https://host:port, dialled directly (never the Service VIP).")
-	fs.StringVar(&c.UpstreamCAFile, "upstream-ca-file", agent.DefaultUpstreamCAFile, "CA bundle that verifies kube-apiserver's serving certificate.")
-	fs.StringVar(&c.UpstreamServerName, "upstream-server-name", "", "Name to verify in kube-apiserver's certificate (default: each upstream's host).")
+	fs.StringVar(&c.UpstreamCAFile, "upstream-ca-file", agent.DefaultUpstreamCAFile, "CA bundle that verifies kube-apiserver's serving certificate. Point it at a dedicated apiserver CA where the cluster has one: the cluster CA also signs kubelet-serving certificates.")
+	fs.StringVar(&c.UpstreamServerName, "upstream-server-name", agent.DefaultUpstreamServerName, "DNS name (or IP) every kube-apiserver endpoint's certificate must carry, whichever endpoint IP is dialled; change it only for an apiserver certificate without the default name. Certificates of system:nodes are refused whatever the name.")
 	fs.DurationVar(&c.UpstreamCheckTimeout, "upstream-check-timeout", agent.DefaultUpstreamCheckTimeout, "How long start-up waits for an upstream to answer its health check.")
 	fs.StringVar(&c.TokenFile, "token-file", agent.DefaultTokenFile, "The agent's own ServiceAccount token, for its informers, access reviews and CSRs (never for forwarded requests).")
 	fs.Uint32Var(&o.socketMark, "upstream-socket-mark", agent.DefaultSocketMark, "Firewall mark set on upstream sockets; marked packets skip the redirect. 0 disables.")
@@ -95,8 +96,11 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	fs.StringVar(&o.cacheSpec, "cache-resources", cache.DefaultResources, "Resources whose get and list requests are answered from the node-local cache, as RESOURCE[.GROUP][/VERSION] (custom resources included); pods and nodes are cached for this node only. Secrets are cached only if listed. Empty disables the cache.")
 	fs.DurationVar(&c.CacheWaitTimeout, "cache-wait-timeout", cache.DefaultWaitTimeout, "How long a read waits for the cache to reach the resourceVersion it needs (a requested one, or a write this agent forwarded) before it is forwarded instead.")
 	fs.BoolVar(&c.CacheForwardConsistentReads, "cache-forward-consistent-reads", false, "Forward every read with resourceVersion=\"\" (consistent reads) instead of answering it from the cache.")
+	fs.BoolVar(&c.CacheAsNode, "cache-as-node", true, "List and watch this node's pods and Node as the node itself (Impersonate-User: system:node:<node>, Kubernetes 1.36+ constrained impersonation, feature gate ConstrainedImpersonation), so the Node authorizer limits what the agent's token reads; needs the kube-apicache:node-impersonation RBAC and a pod-bound token. false: watch them as the agent, whose RBAC must then allow cluster-wide list and watch of pods and nodes (clusters without the gate).")
 	c.Limits = agent.DefaultLimits()
 	c.Limits.AddFlags(fs)
+	c.Audit = audit.NewOptions()
+	c.Audit.AddFlags(fs)
 
 	gofs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(gofs)
