@@ -66,9 +66,9 @@ type Limits struct {
 	MaxLongRunningRequests          int
 	MaxLongRunningRequestsPerSource int
 	// MaxCacheRequestsPerSource bounds the requests of one source the
-	// cache works on at once (reviews and resourceVersion waits included);
-	// past it the source's reads are forwarded. Zero means the default;
-	// negative means no bound.
+	// cache reviews or waits for a resourceVersion for at once; past it
+	// the source's reads are forwarded. Zero means the default; negative
+	// means no bound.
 	MaxCacheRequestsPerSource int
 	// RequestBodyTimeout is how long the body of a request that is not
 	// long-running may take to arrive; a client that sends it slower gets
@@ -149,7 +149,7 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", l.MaxMutatingRequestsInFlight, "Mutating requests forwarded at once before 429. 0 means no limit.")
 	fs.IntVar(&l.MaxLongRunningRequests, "max-long-running-requests", l.MaxLongRunningRequests, "Long-running requests (watches, exec, attach, port-forward, proxy, logs) open at once before 429. Negative means no limit.")
 	fs.IntVar(&l.MaxLongRunningRequestsPerSource, "max-long-running-requests-per-source", l.MaxLongRunningRequestsPerSource, "Long-running requests one client IP may have open at once before 429 (host-network pods share the node's IP). Negative means no limit.")
-	fs.IntVar(&l.MaxCacheRequestsPerSource, "max-cache-requests-per-source", l.MaxCacheRequestsPerSource, "Reads of one client IP the cache works on at once (reviews and resourceVersion waits included); past it that client's reads are forwarded. Negative means no limit.")
+	fs.IntVar(&l.MaxCacheRequestsPerSource, "max-cache-requests-per-source", l.MaxCacheRequestsPerSource, "Reads of one client IP the cache reviews, or waits for a resourceVersion for, at once; past it that client's reads are forwarded. Negative means no limit.")
 	fs.DurationVar(&l.RequestBodyTimeout, "request-body-timeout", l.RequestBodyTimeout, "How long the body of a request that is not long-running may take to arrive.")
 	fs.IntVar(&l.MaxBufferedBodyBytes, "max-buffered-body-bytes", l.MaxBufferedBodyBytes, "Request bodies held in memory at once, all requests together, to resend a write to another endpoint; bodies past it are streamed.")
 	fs.Float64Var(&l.ReviewQPS, "review-qps", l.ReviewQPS, "TokenReviews and SubjectAccessReviews per second the agent sends in total; callers past it are forwarded instead of reviewed.")

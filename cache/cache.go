@@ -158,9 +158,10 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 			forward.ServeHTTP(w, r)
 			return
 		}
-		// The source's slot is held while the cache works on the request
-		// (review, wait, answer), never while it is forwarded or while a
-		// watch-list goes on upstream.
+		// The source's slot is held while the cache decides (the review
+		// and the resourceVersion wait, which a caller can make long),
+		// not while it answers: answers have the in-flight bound of
+		// wrapHit, which answers 429 past it as kube-apiserver does.
 		defer release()
 		fwd := func(reason string) {
 			release()
@@ -178,6 +179,7 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 			if err == nil {
 				err = apierrors.NewForbidden(schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}, info.Name, errors.New("access denied"))
 			}
+			release()
 			hit.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), planKey{}, err)))
 			return
 		default:
@@ -203,7 +205,7 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 		}
 		c.metrics.outcome(info, "hit", "")
 		p.upstream = forward
-		p.release = release
+		release()
 		hit.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), planKey{}, p)))
 	})
 }

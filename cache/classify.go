@@ -92,10 +92,6 @@ type plan struct {
 	// upstream serves a watch-list's continuation with the client's
 	// request; set by Handler.
 	upstream http.Handler
-	// release gives the request's source slot back (sources.go); a
-	// watch-list calls it once its initial events are sent. Set by
-	// Handler; nil in tests that serve plans directly.
-	release func()
 	// snap is the list snapshot taken to check a limit, served as it is
 	// so that the answer is the one that was checked.
 	snap *listSnapshot

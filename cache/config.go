@@ -116,8 +116,8 @@ type Config struct {
 	// instead of answering it after the read-your-writes barrier.
 	ForwardConsistentReads bool
 	// MaxInFlightPerSource bounds the requests from one source (client
-	// IP) the cache works on at once, reviews and waits included; past it
-	// the source's requests are forwarded. Zero means
+	// IP) the cache is deciding on at once (reviews and resourceVersion
+	// waits); past it the source's requests are forwarded. Zero means
 	// DefaultMaxInFlightPerSource; negative means no bound.
 	MaxInFlightPerSource int
 	// Registerer receives the cache's metrics; nil registers nothing.

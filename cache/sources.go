@@ -7,11 +7,13 @@ import (
 )
 
 // sourceLimiter bounds how many requests from one source (a client IP: one
-// pod, or every host-network pod of the node together) the cache works on
-// at once, from the review to the answer. It never waits: a source past
-// its share is forwarded, and kube-apiserver's own fairness (API Priority
-// and Fairness) takes over for it. So one pod that holds many requests in
-// a review or a resourceVersion wait cannot take the cache from the others.
+// pod, or every host-network pod of the node together) the cache is
+// deciding on at once: reviewing the caller and waiting for a
+// resourceVersion, the steps a caller can make slow. It never waits: a
+// source past its share is forwarded, and kube-apiserver's own fairness
+// (API Priority and Fairness) takes over for it. So one pod that holds
+// many requests in a review or a resourceVersion wait cannot take the
+// cache from the others.
 type sourceLimiter struct {
 	// max is the bound per source; zero or less means none.
 	max int

@@ -112,9 +112,6 @@ func (c *Cache) serveWatchList(w http.ResponseWriter, r *http.Request, p *plan) 
 	}
 	ww.flush()
 	ww.out.stop()
-	if p.release != nil {
-		p.release()
-	}
 	klog.FromContext(r.Context()).V(4).Info("Sent watch-list initial events from the cache", "resource", res.label, "objects", len(objs), "resourceVersion", rv)
 	if p.upstream == nil {
 		return
