@@ -167,10 +167,18 @@ const (
 	DefaultCertificateLifetime = 6 * time.Hour
 	// DefaultAgentServiceAccount is the agents' ServiceAccount in the
 	// shipped manifests, NAMESPACE/NAME.
-	DefaultAgentServiceAccount  = "kube-apicache/kube-apicache"
-	DefaultIPTablesBackend      = "auto"
-	DefaultLivenessSet          = "KUBE-APICACHE-LIVE"
-	DefaultLivenessTimeout      = 5 * time.Second
+	DefaultAgentServiceAccount = "kube-apicache/kube-apicache"
+	DefaultIPTablesBackend     = "auto"
+	DefaultLivenessSet         = "KUBE-APICACHE-LIVE"
+	// DefaultLivenessTimeout bounds how long pods' new connections fail
+	// after the agent dies: about this long after its last refresh (every
+	// quarter of it), the kernel expires the entry. A refresh that comes
+	// late costs only that much: new connections take kube-proxy's path
+	// until the next refresh puts the entry back. The agent has no CPU
+	// limit in the shipped DaemonSet (so no CFS throttling); a refresh
+	// goroutine starved for 750ms on a saturated node is such a late
+	// refresh, not an outage.
+	DefaultLivenessTimeout      = time.Second
 	DefaultUpstreamHealthPeriod = 2 * time.Second
 	DefaultSyncPeriod           = 10 * time.Second
 	DefaultMetricsBindAddress   = "127.0.0.1:10445"
@@ -194,7 +202,7 @@ func (c *Config) Validate() error {
 	case c.ServicePort == 0:
 		return errors.New("--service-port must be 1-65535")
 	case len(c.Upstreams) == 0:
-		return errors.New("--upstream is required")
+		return errors.New("--upstream is required where $KUBERNETES_SERVICE_HOST and $KUBERNETES_SERVICE_PORT are not set")
 	case (c.TLSCertFile == "") != (c.TLSKeyFile == ""):
 		return errors.New("--tls-cert-file and --tls-private-key-file go together (neither: the certificate is requested through the CSR API)")
 	case c.ClusterDomain != "" && len(validation.IsDNS1123Subdomain(c.ClusterDomain)) > 0:
@@ -220,8 +228,8 @@ func (c *Config) Validate() error {
 	switch {
 	case c.LivenessSet == "" || len(c.LivenessSet) > 30 || strings.ContainsAny(c.LivenessSet, " \t\"'"):
 		return errors.New("--liveness-set must be 1-30 characters without spaces or quotes")
-	case c.LivenessTimeout < 2*time.Second || c.LivenessTimeout > time.Hour:
-		return errors.New("--liveness-timeout must be between 2s and 1h: the kernel counts whole seconds and the agent refreshes several times per timeout")
+	case c.LivenessTimeout < time.Second || c.LivenessTimeout > time.Hour:
+		return errors.New("--liveness-timeout must be between 1s and 1h: the kernel counts whole seconds")
 	case c.IPTablesBackend != "auto" && c.IPTablesBackend != "legacy" && c.IPTablesBackend != "nft":
 		return fmt.Errorf("--iptables-backend %q must be auto, legacy or nft", c.IPTablesBackend)
 	case c.UpstreamHealthPeriod <= 0:
@@ -259,8 +267,10 @@ func (c *Config) Validate() error {
 		if ip, err := netip.ParseAddr(u.Hostname()); err == nil {
 			ip = ip.Unmap()
 			for _, vip := range c.ServiceVIPs {
-				if ip == vip {
-					return fmt.Errorf("--upstream %s is the Service VIP: the agent must dial apiserver endpoints directly", u.Host)
+				// Through the VIP, only marked sockets pass the agent's own
+				// redirect and reach kube-proxy's rules.
+				if ip == vip && c.SocketMark == 0 {
+					return fmt.Errorf("--upstream %s is the Service VIP, which only works with --upstream-socket-mark: unmarked, the agent's connections would be redirected to itself", u.Host)
 				}
 			}
 			if ip == c.ListenAddress.Addr() || (c.ListenAddressIPv6.IsValid() && ip == c.ListenAddressIPv6.Addr()) {

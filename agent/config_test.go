@@ -46,7 +46,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"defaults are valid", func(*Config) {}, ""},
 		{"no node name", func(c *Config) { c.NodeName = "" }, "--node-name"},
-		{"liveness timeout below the kernel's resolution", func(c *Config) { c.LivenessTimeout = time.Second }, "--liveness-timeout"},
+		{"liveness timeout below the kernel's resolution", func(c *Config) { c.LivenessTimeout = 900 * time.Millisecond }, "--liveness-timeout"},
 		{"liveness set name too long", func(c *Config) { c.LivenessSet = strings.Repeat("X", 31) }, "--liveness-set"},
 		{"unknown iptables backend", func(c *Config) { c.IPTablesBackend = "ebpf" }, "--iptables-backend"},
 		{"no upstream health period", func(c *Config) { c.UpstreamHealthPeriod = 0 }, "--upstream-health-period"},
@@ -86,7 +86,10 @@ func TestConfigValidate(t *testing.T) {
 			c.Upstreams[0], _ = url.Parse("https://[fd00:169:254:25::10]:10443")
 		}, "own listen address"},
 		{"long link name", func(c *Config) { c.ListenLink = "a-very-long-link-name" }, "--listen-link"},
-		{"upstream is the VIP", func(c *Config) { c.Upstreams[0], _ = url.Parse("https://10.96.0.1:443") }, "Service VIP"},
+		{"upstream is the VIP without a socket mark", func(c *Config) {
+			c.Upstreams[0], _ = url.Parse("https://10.96.0.1:443")
+			c.SocketMark = 0
+		}, "Service VIP"},
 		{"upstream is the listener", func(c *Config) { c.Upstreams[0], _ = url.Parse("https://169.254.25.10:10443") }, "own listen address"},
 		{"plain http upstream", func(c *Config) { c.Upstreams[0], _ = url.Parse("http://10.0.0.2:6443") }, "https://host:port"},
 		{"upstream with query", func(c *Config) { c.Upstreams[0], _ = url.Parse("https://10.0.0.2:6443?x=1") }, "https://host:port"},

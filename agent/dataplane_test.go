@@ -131,7 +131,7 @@ COMMIT
 	if diff := cmp.Diff(want6, k.ip6t.Save("nat")); diff != "" {
 		t.Errorf("ip6tables nat (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff("create KUBE-APICACHE-LIVE hash:ip family inet timeout 5\ncreate KUBE-APICACHE-LIVE6 hash:ip family inet6 timeout 5\n", k.ipset.Save()); diff != "" {
+	if diff := cmp.Diff("create KUBE-APICACHE-LIVE hash:ip family inet timeout 1\ncreate KUBE-APICACHE-LIVE6 hash:ip family inet6 timeout 1\n", k.ipset.Save()); diff != "" {
 		t.Errorf("sets (-want +got):\n%s", diff)
 	}
 }
@@ -213,7 +213,7 @@ func TestDataplaneRepairAndRestarts(t *testing.T) {
 		if diff := cmp.Diff(want, k.ipt.Save("nat")); diff != "" {
 			t.Fatalf("instance %d changed the rules (-first +now):\n%s", i, diff)
 		}
-		if got := k.ipset.Save(); got != "create KUBE-APICACHE-LIVE hash:ip family inet timeout 5\nadd KUBE-APICACHE-LIVE 10.96.0.1\n" {
+		if got := k.ipset.Save(); got != "create KUBE-APICACHE-LIVE hash:ip family inet timeout 1\nadd KUBE-APICACHE-LIVE 10.96.0.1\n" {
 			t.Fatalf("instance %d: sets:\n%s", i, got)
 		}
 		switch i % 3 {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,9 +157,29 @@ func readCacheMetrics(t *testing.T, ctx context.Context, a *sandbox.Agent) cache
 	return out
 }
 
+// cacheScenarios keeps each cluster's cache scenario, which several tests
+// share: its pods can be created only once.
+var cacheScenarios = struct {
+	sync.Mutex
+	pods map[*sandbox.Cluster][2]*sandbox.Pod
+}{pods: map[*sandbox.Cluster][2]*sandbox.Pod{}}
+
 // setUpCacheScenario creates the objects the cache scenarios read, a pod
-// allowed to read them cluster-wide and one allowed nothing.
+// allowed to read them cluster-wide and one allowed nothing; once per
+// cluster, later calls return the same pods.
 func setUpCacheScenario(t *testing.T, ctx context.Context, c *sandbox.Cluster) (reader, nobody *sandbox.Pod) {
+	t.Helper()
+	cacheScenarios.Lock()
+	defer cacheScenarios.Unlock()
+	if p, ok := cacheScenarios.pods[c]; ok {
+		return p[0], p[1]
+	}
+	reader, nobody = newCacheScenario(t, ctx, c)
+	cacheScenarios.pods[c] = [2]*sandbox.Pod{reader, nobody}
+	return reader, nobody
+}
+
+func newCacheScenario(t *testing.T, ctx context.Context, c *sandbox.Cluster) (reader, nobody *sandbox.Pod) {
 	t.Helper()
 	reader = newClientPod(t, ctx, c, cacheNS, "reader")
 	role := &rbacv1.ClusterRole{

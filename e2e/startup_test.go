@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,8 +66,8 @@ func TestBadStartupInput(t *testing.T) {
 		args: c.AgentArgs(certFile, keyFile, "--upstream=https://10.250.0.99:6443", "--upstream-check-timeout=2s"),
 		want: "no upstream answered within 2s",
 	}, {
-		name: "upstream is the Service VIP",
-		args: c.AgentArgs(certFile, keyFile, "--upstream=https://"+sandbox.ServiceVIP+":443"),
+		name: "upstream is the Service VIP without a socket mark",
+		args: c.AgentArgs(certFile, keyFile, "--upstream=https://"+sandbox.ServiceVIP+":443", "--upstream-socket-mark=0"),
 		want: "is the Service VIP",
 	}}
 	for _, tc := range tests {
@@ -178,4 +180,42 @@ func TestFailedRestartRemovesDeadRedirect(t *testing.T) {
 	quick, cancelQuick := context.WithTimeout(ctx, 10*time.Second)
 	defer cancelQuick()
 	mustKubectl(t, quick, pod, "get", "configmaps")
+}
+
+// TestInClusterBootstrap: given no --upstream, as the shipped DaemonSet
+// runs the agent, when it starts in a pod (whose environment names the
+// kubernetes Service), then it reaches kube-apiserver through the Service
+// VIP on kube-proxy's path (its marked sockets skip its own redirect),
+// becomes ready, learns the apiservers from the EndpointSlices, and relays a
+// pod's requests.
+func TestInClusterBootstrap(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pod := newClientPod(t, ctx, c, "e2e-bootstrap", "client")
+	a := startAgent(t, ctx, c, "--upstream=")
+
+	var endpoints []string
+	waitFor(t, 30*time.Second, "the apiservers from the EndpointSlices", func() bool {
+		endpoints = endpoints[:0]
+		for _, s := range scrapeAgent(t, ctx, a)["kube_apicache_upstream_endpoint_healthy"] {
+			endpoints = append(endpoints, s.labels["endpoint"])
+		}
+		for _, as := range c.APIServers() {
+			if !slices.Contains(endpoints, strings.TrimPrefix(as.URL, "https://")) {
+				return false
+			}
+		}
+		return true
+	})
+	if slices.Contains(endpoints, net.JoinHostPort(sandbox.ServiceVIP, strconv.Itoa(sandbox.ServicePort))) {
+		t.Errorf("upstream endpoints %v still include the Service VIP after the EndpointSlices were read", endpoints)
+	}
+	before := forwarded(t, ctx, a)
+	out := mustKubectl(t, ctx, pod, "get", "configmaps", "-o", "name")
+	if forwarded(t, ctx, a) <= before {
+		t.Errorf("kubectl's request did not go through the agent; it printed %q", out)
+	}
+	figuref(t, "bootstrap without --upstream: ready through the Service VIP, then upstream endpoints %v", endpoints)
 }

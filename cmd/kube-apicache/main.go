@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
 	"os"
@@ -73,7 +74,7 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	fs.StringVar(&c.ListenLink, "listen-link", agent.DefaultListenLink, "Dummy link to hold the listen IP; loopback is used where the kernel has no dummy links.")
 	fs.StringSliceVar(&o.serviceVIPs, "service-vip", []string{agent.DefaultServiceVIP}, "Cluster IP(s) of the default/kubernetes Service.")
 	fs.Uint16Var(&c.ServicePort, "service-port", agent.DefaultServicePort, "Port of the default/kubernetes Service.")
-	fs.StringSliceVar(&o.upstreams, "upstream", nil, "kube-apiserver endpoint URL(s), https://host:port, dialled directly (never the Service VIP).")
+	fs.StringSliceVar(&o.upstreams, "upstream", nil, "kube-apiserver endpoint URL(s), https://host:port, to start from; the default/kubernetes EndpointSlices replace them once read. Default: the kubernetes Service from $KUBERNETES_SERVICE_HOST and $KUBERNETES_SERVICE_PORT, reached through kube-proxy's rules.")
 	fs.StringVar(&c.UpstreamCAFile, "upstream-ca-file", agent.DefaultUpstreamCAFile, "CA bundle that verifies kube-apiserver's serving certificate. Point it at a dedicated apiserver CA where the cluster has one: the cluster CA also signs kubelet-serving certificates.")
 	fs.StringVar(&c.UpstreamServerName, "upstream-server-name", agent.DefaultUpstreamServerName, "DNS name (or IP) every kube-apiserver endpoint's certificate must carry, whichever endpoint IP is dialled; change it only for an apiserver certificate without the default name. Certificates of system:nodes are refused whatever the name.")
 	fs.DurationVar(&c.UpstreamCheckTimeout, "upstream-check-timeout", agent.DefaultUpstreamCheckTimeout, "How long start-up waits for an upstream to answer its health check.")
@@ -129,6 +130,9 @@ func (o *options) complete() error {
 		c.ServiceVIPs = append(c.ServiceVIPs, ip.Unmap())
 	}
 	c.Upstreams = nil
+	if len(o.upstreams) == 0 {
+		o.upstreams = inClusterUpstream()
+	}
 	for _, s := range o.upstreams {
 		u, err := url.Parse(strings.TrimSpace(s))
 		if err != nil {
@@ -141,6 +145,19 @@ func (o *options) complete() error {
 		return err
 	}
 	return c.Validate()
+}
+
+// inClusterUpstream is the bootstrap upstream without --upstream: the
+// kubernetes Service as the kubelet gives it to every pod. The agent dials
+// it with its socket mark, so kube-proxy's rules, not the agent's own
+// redirect, carry it to an apiserver; the EndpointSlices then name the
+// apiservers themselves.
+func inClusterUpstream() []string {
+	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+	if host == "" || port == "" {
+		return nil
+	}
+	return []string{"https://" + net.JoinHostPort(host, port)}
 }
 
 // parseListenIPv6 parses --listen-address-ipv6; empty means none.
