@@ -1,12 +1,14 @@
 # syntax=docker/dockerfile:1
 
-# Both bases are build arguments so CI can bump them without editing this
-# file. distroless-iptables is the base kube-proxy's image is built on: it
-# ships iptables-legacy, iptables-nft and the wrapper that picks whichever
-# backend the node already uses, so our rules land in the same tables as
-# kube-proxy's.
+# The same image as `make image` (hack/image), for hosts with a Docker
+# engine: the static agent at /kube-apicache on the iptables userspace
+# (iptables-legacy*, iptables-nft*, ip6tables-*) and the libraries it loads,
+# unpacked from the Debian packages listed in hack/image/packages.txt. Both
+# bases are build arguments so CI can bump them without editing this file;
+# keep DEBIAN_IMAGE on the release hack/image's packages come from
+# (bookworm).
 ARG GO_VERSION=1.26
-ARG BASE_IMAGE=registry.k8s.io/build-image/distroless-iptables:v0.7.6
+ARG DEBIAN_IMAGE=debian:bookworm
 
 # Build on the builder's own platform and cross-compile; the binary is pure
 # Go, so no emulation is needed for other architectures.
@@ -20,15 +22,42 @@ COPY go.mod go.sum ./
 RUN go mod download
 
 COPY . .
-# cgo off: a static binary that does not depend on the C libraries the base
+# cgo off: a static binary that does not depend on the C libraries the
 # image carries for iptables.
 RUN --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
     go build -trimpath -ldflags "-s -w" -o /kube-apicache ./cmd/kube-apicache
 
-FROM ${BASE_IMAGE}
+# The packages are downloaded for the target architecture and unpacked, not
+# installed: no maintainer scripts (so no alternatives: the agent runs only
+# the backend-specific names, which the iptables package ships as
+# symlinks), no dpkg database. Nothing of the target architecture runs
+# here, so this stage too stays on the builder's platform. The paths in
+# hack/image/rootfs-exclude.txt (man pages, gconv modules) are left out.
+# /tmp is world-writable; /run is where the DaemonSet mounts the host's
+# xtables lock.
+FROM --platform=$BUILDPLATFORM ${DEBIAN_IMAGE} AS rootfs
+ARG TARGETARCH
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+COPY hack/image/packages.txt hack/image/rootfs-exclude.txt /tmp/
+WORKDIR /tmp/debs
+RUN dpkg --add-architecture "${TARGETARCH}" \
+ && apt-get update -qq \
+ && sed -e 's/#.*//' /tmp/packages.txt | awk -v arch="${TARGETARCH}" 'NF { print $1 ":" arch }' \
+      | xargs apt-get download -qq \
+ && mkdir /rootfs \
+ && for deb in *.deb; do \
+      dpkg-deb --fsys-tarfile "${deb}" | tar -x -C /rootfs --exclude-from=/tmp/rootfs-exclude.txt; \
+    done \
+ && install -d -m 1777 /rootfs/tmp \
+ && install -d -m 0755 /rootfs/run
+
+FROM scratch
+COPY --from=rootfs /rootfs/ /
 COPY --from=build /kube-apicache /kube-apicache
-# Runs as root (the base image's default): iptables and netlink act on the
-# host network namespace and need uid 0 there. The DaemonSet trims the
-# capabilities down to NET_ADMIN and NET_RAW.
+# The agent finds iptables-nft, iptables-legacy-save, ... in PATH.
+ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# Runs as root (no USER): iptables and netlink act on the host network
+# namespace and need uid 0 there. The DaemonSet trims the capabilities down
+# to NET_ADMIN and NET_RAW.
 ENTRYPOINT ["/kube-apicache"]

@@ -17,6 +17,7 @@ BENCH_ARGS ?=
 IMAGE ?= kube-apicache:latest
 
 .PHONY: all build deps control-plane test unit e2e vet verify-manifests demo bench fuzz image clean
+.PHONY: node-deps node-binaries e2e-real-node
 
 all: build
 
@@ -39,8 +40,42 @@ deps:
 control-plane:
 	BIN_DIR=$(BIN_DIR) ./hack/build-control-plane.sh
 
+# The optional real node (kubelet, kube-proxy, containerd) beside the
+# emulated pods; see e2e/sandbox/node.go. Debian bookworm's containerd 1.6.20,
+# runc 1.1.5, CNI plugins 1.1.1 (in /usr/lib/cni) and conntrack. A
+# policy-rc.d that denies every start keeps the packages from starting a
+# containerd of their own during the install.
+node-deps:
+	@missing=(); \
+	for t in containerd:containerd ctr:containerd runc:runc conntrack:conntrack nsenter:util-linux /usr/lib/cni/bridge:containernetworking-plugins; do \
+	  f=$${t%%:*}; \
+	  if [[ $$f == /* ]]; then [ -x $$f ] || missing+=($${t#*:}); \
+	  else command -v $$f >/dev/null 2>&1 || missing+=($${t#*:}); fi; \
+	done; \
+	if [ $${#missing[@]} -gt 0 ]; then \
+	  echo "installing $${missing[*]}"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  guard=; if [ ! -e /usr/sbin/policy-rc.d ]; then \
+	    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && guard=1; fi; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends $$(printf '%s\n' "$${missing[@]}" | sort -u) >/dev/null; \
+	  status=$$?; [ -n "$$guard" ] && rm -f /usr/sbin/policy-rc.d; exit $$status; \
+	fi
+
+node-binaries:
+	BIN_DIR=$(BIN_DIR) ./hack/build-node.sh
+
+# The real-node smoke scenario alone (needs root). Its images come from
+# KUBE_APICACHE_IMAGES_DIR (default _output/images, `make e2e-images`).
+e2e-real-node: deps node-deps node-binaries control-plane
+	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_BIN_DIR=$(BIN_DIR) \
+	  $(GO) test -count=1 -timeout 15m -run '^TestRealNode$$' -v ./e2e/
+
+# The main module, and hack/image, a module of its own (go-containerregistry
+# stays out of the agent's dependency graph), whose unit tests run here too.
 vet:
 	$(GO) vet ./...
+	$(GO) -C hack/image vet ./...
+	$(GO) -C hack/image test -count=1 ./...
 
 verify-manifests:
 	kubectl kustomize manifests/ >/dev/null
@@ -87,9 +122,25 @@ demo: deps control-plane
 bench: deps control-plane
 	$(GO) run ./e2e/bench --bin-dir $(BIN_DIR) $(BENCH_ARGS)
 
-# Needs a Docker engine.
+# Container images as OCI image layout archives in $(IMAGES_DIR), built
+# without a Docker engine by hack/image (its own Go module) from the Debian
+# packages in hack/image/packages.txt (apt-get download, dpkg-deb; the
+# .debs are cached in _output/cache/debs) and static Go binaries. Load one
+# into a node's containerd with
+#   ctr -n k8s.io images import $(IMAGES_DIR)/kube-apicache.oci.tar
+# The Dockerfile builds the same agent image where there is an engine.
+#   make image       the agent, named $(IMAGE)
+#   make e2e-images  registry.k8s.io/pause:3.10 and kube-apicache-client:e2e
+#                    (/podclient, and $(KUBECTL)) for the real-node e2e
+IMAGES_DIR ?= $(CURDIR)/_output/images
+KUBECTL ?= /usr/bin/kubectl
+IMAGE_BUILD = $(GO) -C hack/image run . --go $(GO) --out $(IMAGES_DIR)
+.PHONY: e2e-images
 image:
-	docker build -t $(IMAGE) .
+	$(IMAGE_BUILD) --agent --agent-name $(IMAGE)
+
+e2e-images:
+	$(IMAGE_BUILD) --pause --client --kubectl $(KUBECTL)
 
 clean:
 	rm -rf _output

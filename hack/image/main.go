@@ -1,0 +1,184 @@
+// Command image builds kube-apicache's container images without a Docker
+// engine, as OCI image layout archives that `ctr images import` (and
+// skopeo, podman, crane) read:
+//
+//	--agent   kube-apicache.oci.tar: the agent at /kube-apicache on the
+//	          iptables userspace (both backends) and its libraries,
+//	          unpacked from the Debian packages in packages.txt with
+//	          apt-get download and dpkg-deb; the same contents as the
+//	          Dockerfile's image
+//	--pause   pause.oci.tar: registry.k8s.io/pause:3.10 for the real-node
+//	          e2e sandbox, built from ./pause
+//	--client  client.oci.tar: kube-apicache-client:e2e, /podclient
+//	          (e2e/podclient) and the host's kubectl
+//
+// It lives in its own module so that go-containerregistry and its
+// dependencies never enter the agent's module graph (they would raise the
+// versions the agent is built with). Run it from this directory:
+//
+//	go -C hack/image run . --agent --out "$PWD/_output/images"
+//
+// Relative paths in flags are relative to the working directory, which
+// `go -C` makes hack/image.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+)
+
+// mainModule is the module path of the repository the images are built
+// from; its go.mod marks the source tree's root.
+const mainModule = "github.com/kube-apicache/kube-apicache"
+
+type options struct {
+	src, out, work, cacheDir, platform string
+	goCmd, kubectl                     string
+	agent, pause, client               bool
+	agentName, pauseName, clientName   string
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.src, "src", "", "kube-apicache source tree (default: the directory above with its go.mod)")
+	flag.StringVar(&o.out, "out", "", "directory for the archives (default: SRC/_output/images)")
+	flag.StringVar(&o.work, "work", "", "staging directory, rebuilt on each run (default: SRC/_output/image-build)")
+	flag.StringVar(&o.cacheDir, "deb-cache", "", "cache of downloaded .deb files, keyed by version (default: SRC/_output/cache/debs)")
+	flag.StringVar(&o.platform, "platform", "linux/amd64", "target platform")
+	flag.StringVar(&o.goCmd, "go", "go", "go command used to build the binaries")
+	flag.BoolVar(&o.agent, "agent", false, "build the agent image, kube-apicache.oci.tar")
+	flag.BoolVar(&o.pause, "pause", false, "build the e2e pause image, pause.oci.tar")
+	flag.BoolVar(&o.client, "client", false, "build the e2e client image, client.oci.tar")
+	flag.StringVar(&o.agentName, "agent-name", "kube-apicache:latest", "agent image name")
+	flag.StringVar(&o.pauseName, "pause-name", "registry.k8s.io/pause:3.10", "pause image name")
+	flag.StringVar(&o.clientName, "client-name", "kube-apicache-client:e2e", "client image name")
+	flag.StringVar(&o.kubectl, "kubectl", "/usr/bin/kubectl", "static kubectl binary for the client image (symlinks followed)")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := buildAll(ctx, o); err != nil {
+		stop()
+		fmt.Fprintln(os.Stderr, "hack/image:", strings.ReplaceAll(err.Error(), "\n", "; "))
+		os.Exit(1)
+	}
+}
+
+func buildAll(ctx context.Context, o options) error {
+	if flag.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", flag.Args())
+	}
+	if !o.agent && !o.pause && !o.client {
+		return errors.New("nothing to build: pass --agent, --pause and/or --client")
+	}
+	p, err := parsePlatform(o.platform)
+	if err != nil {
+		return err
+	}
+	if o.src == "" {
+		if o.src, err = findSourceRoot(); err != nil {
+			return err
+		}
+	}
+	if o.src, err = filepath.Abs(o.src); err != nil {
+		return err
+	}
+	o.out = orDefault(o.out, filepath.Join(o.src, "_output/images"))
+	o.work = orDefault(o.work, filepath.Join(o.src, "_output/image-build"))
+	o.cacheDir = orDefault(o.cacheDir, filepath.Join(o.src, "_output/cache/debs"))
+	b := &builder{src: o.src, work: filepath.Join(o.work, p.OS+"-"+p.Arch), cacheDir: o.cacheDir, goCmd: o.goCmd, platform: p}
+	if err := os.MkdirAll(b.work, 0o755); err != nil {
+		return err
+	}
+
+	type target struct {
+		enabled bool
+		name    string
+		file    string
+		spec    func(imageRef) (imageSpec, error)
+	}
+	targets := []target{
+		{o.agent, o.agentName, "kube-apicache.oci.tar", func(r imageRef) (imageSpec, error) { return b.agentImage(ctx, r) }},
+		{o.pause, o.pauseName, "pause.oci.tar", func(r imageRef) (imageSpec, error) { return b.pauseImage(ctx, r) }},
+		{o.client, o.clientName, "client.oci.tar", func(r imageRef) (imageSpec, error) { return b.clientImage(ctx, r, o.kubectl) }},
+	}
+	for _, t := range targets {
+		if !t.enabled {
+			continue
+		}
+		ref, err := parseImageRef(t.name)
+		if err != nil {
+			return err
+		}
+		spec, err := t.spec(ref)
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.file, err)
+		}
+		img, err := buildImage(spec, p)
+		if err != nil {
+			return fmt.Errorf("%s: %w", t.file, err)
+		}
+		path := filepath.Join(o.out, t.file)
+		if err := writeArchive(path, b.work, img, ref, p); err != nil {
+			return fmt.Errorf("%s: %w", t.file, err)
+		}
+		logBuilt(path, ref, img)
+	}
+	return nil
+}
+
+func logBuilt(path string, ref imageRef, img v1.Image) {
+	attrs := []any{"image", ref.Name, "path", path}
+	if d, err := img.Digest(); err == nil {
+		attrs = append(attrs, "manifest", d.String())
+	}
+	if fi, err := os.Stat(path); err == nil {
+		attrs = append(attrs, "bytes", fi.Size())
+	}
+	slog.Info("Wrote image archive", attrs...)
+}
+
+// findSourceRoot returns the nearest directory at or above the working
+// directory whose go.mod declares mainModule.
+func findSourceRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && modulePath(b) == mainModule {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod of %s at or above the working directory; pass --src", mainModule)
+		}
+		dir = parent
+	}
+}
+
+func modulePath(gomod []byte) string {
+	for _, line := range strings.Split(string(gomod), "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "module "); ok {
+			return strings.Trim(strings.TrimSpace(rest), `"`)
+		}
+	}
+	return ""
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
