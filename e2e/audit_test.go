@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -273,26 +270,12 @@ func auditedGet(t *testing.T, ctx context.Context, hc *http.Client, url, token s
 	return resp.StatusCode, resp.Header.Get("Audit-Id")
 }
 
-// readAuditLog reads the events of a JSON-lines audit log.
+// readAuditLog reads the agent's audit log.
 func readAuditLog(t *testing.T, path string) []auditv1.Event {
 	t.Helper()
-	f, err := os.Open(path)
+	events, err := sandbox.ReadAuditLog(path)
 	if err != nil {
-		t.Fatalf("opening the agent's audit log: %v", err)
-	}
-	defer f.Close()
-	var events []auditv1.Event
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 1<<20), 16<<20)
-	for sc.Scan() {
-		var ev auditv1.Event
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			t.Fatalf("parsing the agent's audit event %q: %v", sc.Text(), err)
-		}
-		events = append(events, ev)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(fmt.Errorf("reading the agent's audit log: %w", err))
+		t.Fatalf("reading the agent's audit log: %v", err)
 	}
 	return events
 }

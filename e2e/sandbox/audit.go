@@ -11,7 +11,13 @@ import (
 
 // AuditEvents reads every event kube-apiserver has logged so far.
 func (c *Cluster) AuditEvents() ([]auditv1.Event, error) {
-	f, err := os.Open(c.AuditLog)
+	return ReadAuditLog(c.AuditLog)
+}
+
+// ReadAuditLog reads the events of a JSON-lines audit log, kube-apiserver's
+// or the agent's.
+func ReadAuditLog(path string) ([]auditv1.Event, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -22,7 +28,7 @@ func (c *Cluster) AuditEvents() ([]auditv1.Event, error) {
 	for sc.Scan() {
 		var ev auditv1.Event
 		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return nil, fmt.Errorf("parsing audit event: %w", err)
+			return nil, fmt.Errorf("parsing audit event %.200q: %w", sc.Text(), err)
 		}
 		events = append(events, ev)
 	}
