@@ -64,10 +64,10 @@ node-deps:
 node-binaries:
 	BIN_DIR=$(BIN_DIR) ./hack/build-node.sh
 
-# The real-node smoke scenario alone (needs root). Its images come from
-# KUBE_APICACHE_IMAGES_DIR (default _output/images, `make e2e-images`).
-e2e-real-node: deps node-deps node-binaries control-plane
-	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_BIN_DIR=$(BIN_DIR) \
+# The real-node smoke scenario alone (needs root), with the images of
+# `make e2e-images`.
+e2e-real-node: deps node-deps node-binaries control-plane e2e-images
+	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_BIN_DIR=$(BIN_DIR) KUBE_APICACHE_IMAGES_DIR=$(IMAGES_DIR) \
 	  $(GO) test -count=1 -timeout 15m -run '^TestRealNode$$' -v ./e2e/
 
 # The main module, and hack/image, a module of its own (go-containerregistry

@@ -57,6 +57,11 @@ type Options struct {
 	APIServers int
 	// Logf receives progress messages; nil discards them.
 	Logf func(format string, args ...any)
+	// RealNode leaves the node to a real kubelet and kube-proxy
+	// (StartRealNode): no simulated kube-proxy rules, no pre-made Node.
+	// Emulated pods (NewPod) bind their Pod objects to the same node, so
+	// the kubelet would try to run them: do not mix the two yet.
+	RealNode bool
 }
 
 // Cluster is a running sandbox.
@@ -83,6 +88,7 @@ type Cluster struct {
 	procs      []*Process
 	namespaces []NetNS
 	nextPodIP  int
+	realNode   *RealNode
 	stopped    bool
 }
 
@@ -95,8 +101,11 @@ type APIServer struct {
 }
 
 var (
-	liveMu sync.Mutex // protects live
+	liveMu sync.Mutex // protects live and started
 	live   = map[*Cluster]bool{}
+	// started counts this process's clusters: all but the first get a
+	// sequence number in their id, so their namespaces do not collide.
+	started int
 )
 
 // StopAll stops every running sandbox of this process. It is for signal
@@ -141,6 +150,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := CleanStale(); err != nil {
 		return nil, err
 	}
+	if err := cleanStaleRealNodes(); err != nil {
+		return nil, err
+	}
 	dir, err := os.MkdirTemp("", "kube-apicache-sandbox-")
 	if err != nil {
 		return nil, err
@@ -148,6 +160,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	c := &Cluster{Dir: dir, opts: opts, id: strconv.Itoa(os.Getpid()), nextPodIP: 10}
 	liveMu.Lock()
 	live[c] = true
+	if started++; started > 1 {
+		c.id += "-" + strconv.Itoa(started)
+	}
 	liveMu.Unlock()
 	defer func() {
 		if err != nil {
@@ -225,6 +240,9 @@ func (c *Cluster) setUpNetwork(ctx context.Context) error {
 			return err
 		}
 	}
+	if c.opts.RealNode {
+		return nil // kube-proxy programs the node (StartRealNode)
+	}
 	return c.installKubeProxy(ctx)
 }
 
@@ -296,6 +314,11 @@ func (c *Cluster) writePKI() error {
 			return err
 		}
 		if _, _, err := kp.Write(c.Dir, name); err != nil {
+			return err
+		}
+	}
+	if c.opts.RealNode {
+		if err := c.writeKubeletClientPKI(); err != nil {
 			return err
 		}
 	}
@@ -382,6 +405,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 			"--kubelet-preferred-address-types", "InternalIP",
 			"--v", "1",
 		}
+		as.args = append(as.args, c.kubeletClientArgs()...)
 		if err := c.startAPIServer(ctx, as); err != nil {
 			return err
 		}
@@ -524,6 +548,13 @@ func (c *Cluster) writeKubeconfig(path, user, server string) error {
 // bootstrap creates the Node and waits for what kube-controller-manager
 // publishes: the default ServiceAccount and kube-root-ca.crt.
 func (c *Cluster) bootstrap(ctx context.Context) error {
+	if c.opts.RealNode {
+		// The kubelet registers the node (StartRealNode).
+		if err := c.waitForNamespaceReady(ctx, "default"); err != nil {
+			return err
+		}
+		return c.applyRBAC(ctx)
+	}
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: NodeName, Labels: map[string]string{"kubernetes.io/hostname": NodeName, "kubernetes.io/os": "linux"}},
 	}
@@ -568,12 +599,16 @@ func (c *Cluster) Stop() error {
 		return nil
 	}
 	c.stopped = true
-	procs, namespaces := c.procs, c.namespaces
+	procs, namespaces, realNode := c.procs, c.namespaces, c.realNode
 	c.mu.Unlock()
+	var errs []error
+	if realNode != nil {
+		// First, while the apiserver and the node namespace still exist.
+		errs = append(errs, realNode.Stop())
+	}
 	for i := len(procs) - 1; i >= 0; i-- {
 		procs[i].Stop(5 * time.Second)
 	}
-	var errs []error
 	for i := len(namespaces) - 1; i >= 0; i-- {
 		if err := deleteNetNS(namespaces[i].Name()); err != nil {
 			errs = append(errs, err)
