@@ -64,11 +64,12 @@ node-deps:
 node-binaries:
 	BIN_DIR=$(BIN_DIR) ./hack/build-node.sh
 
-# The real-node smoke scenario alone (needs root), with the images of
-# `make e2e-images`.
-e2e-real-node: deps node-deps node-binaries control-plane e2e-images
+# The real-node scenarios alone (needs root): the smoke test and the
+# DaemonSet's acceptance scenarios, with the images of `make e2e-images`
+# and `make image`.
+e2e-real-node: deps node-deps node-binaries control-plane e2e-images image
 	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_BIN_DIR=$(BIN_DIR) KUBE_APICACHE_IMAGES_DIR=$(IMAGES_DIR) \
-	  $(GO) test -count=1 -timeout 15m -run '^TestRealNode$$' -v ./e2e/
+	  $(GO) test -count=1 -timeout 20m -run '^TestRealNode(DaemonSet)?$$' -v ./e2e/
 
 # The main module, and hack/image, a module of its own (go-containerregistry
 # stays out of the agent's dependency graph), whose unit tests run here too.
@@ -93,10 +94,14 @@ e2e: deps control-plane
 # after the run, followed by the package results again.
 FIGURES := $(CURDIR)/_output/e2e-figures.txt
 TEST_LOG := $(CURDIR)/_output/test.log
-test: deps control-plane vet verify-manifests fuzz
+#
+# The e2e suite includes the real node (containerd, kubelet, kube-proxy) and
+# the DaemonSet from manifests/ on it, with the images built here.
+test: deps node-deps control-plane node-binaries image e2e-images vet verify-manifests fuzz
 	@mkdir -p $(dir $(FIGURES)); rm -f $(FIGURES)
 	@set -o pipefail; status=0; \
 	KUBE_APICACHE_FIGURES=$(FIGURES) KUBE_APICACHE_BIN_DIR=$(BIN_DIR) \
+	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_IMAGES_DIR=$(IMAGES_DIR) \
 	  $(GO) test -count=1 -timeout $(E2E_TIMEOUT) ./... 2>&1 | tee $(TEST_LOG) || status=$$?; \
 	if [ -s $(FIGURES) ]; then echo; echo "--- measured figures (e2e)"; cat $(FIGURES); fi; \
 	echo; echo "--- results"; grep -E '^(ok|FAIL|panic:)' $(TEST_LOG) || true; \

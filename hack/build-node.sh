@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the sandbox's optional real node (kubelet, kube-proxy) from the
+# Builds the sandbox's optional real node (kubelet, kube-proxy, and the
+# kube-scheduler that places DaemonSet and Deployment pods on it) from the
 # pinned e2e/nodetools module into BIN_DIR, with the same version stamping
 # as hack/build-control-plane.sh.
 #
@@ -20,7 +21,7 @@ tools="$root/e2e/nodetools"
 BIN_DIR=${BIN_DIR:-$root/_output/bin}
 CACHE_DIR=${KUBE_APICACHE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-apicache}
 KUBE_VERSION=v1.36.3
-bins=(kubelet kube-proxy)
+bins=(kubelet kube-proxy kube-scheduler)
 
 stamp=$(cat "$tools/go.mod" "$tools/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)
 cached="$CACHE_DIR/node-$stamp"
@@ -36,13 +37,13 @@ if have "$BIN_DIR" .node-stamp; then
 fi
 mkdir -p "$BIN_DIR"
 if have "$cached" .stamp; then
-  echo "node: reusing $KUBE_VERSION kubelet and kube-proxy from the cache"
+  echo "node: reusing $KUBE_VERSION kubelet, kube-proxy and kube-scheduler from the cache"
   for b in "${bins[@]}"; do cp -f "$cached/$b" "$BIN_DIR/$b"; done
   echo "$stamp" >"$BIN_DIR/.node-stamp"
   exit 0
 fi
 
-echo "node: building kubelet and kube-proxy $KUBE_VERSION from source (several minutes when cold)"
+echo "node: building kubelet, kube-proxy and kube-scheduler $KUBE_VERSION from source (several minutes when cold)"
 minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
 ldflags="-s -w \
  -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION \

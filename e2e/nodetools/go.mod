@@ -1,14 +1,17 @@
 // Module nodetools pins the node binaries the sandbox's optional real node
-// runs: kubelet and kube-proxy, built from source at the versions below. It
-// is kept apart from e2e/tools so that building the node never changes the
-// control plane's cache stamp, and apart from the main module so that the
-// agent's own dependency graph never has to agree with k8s.io/kubernetes.
+// runs: kubelet and kube-proxy, and the kube-scheduler that places
+// DaemonSet and Deployment pods on it, built from source at the versions
+// below. It is kept apart from e2e/tools so that building the node never
+// changes the control plane's cache stamp, and apart from the main module
+// so that the agent's own dependency graph never has to agree with
+// k8s.io/kubernetes.
 module github.com/kube-apicache/kube-apicache/e2e/nodetools
 
 go 1.26.0
 
 tool (
 	k8s.io/kubernetes/cmd/kube-proxy
+	k8s.io/kubernetes/cmd/kube-scheduler
 	k8s.io/kubernetes/cmd/kubelet
 )
 
@@ -108,6 +111,7 @@ require (
 	github.com/moby/spdystream v0.5.1 // indirect
 	github.com/moby/sys/mountinfo v0.7.2 // indirect
 	github.com/moby/sys/userns v0.1.0 // indirect
+	github.com/moby/term v0.5.0 // indirect
 	github.com/modern-go/concurrent v0.0.0-20180306012644-bacd9c7ef1dd // indirect
 	github.com/modern-go/reflect2 v1.0.3-0.20250322232337-35a7c28c31ee // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect

@@ -436,10 +436,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		"--kubeconfig", c.path("kcm.kubeconfig"),
 		"--authentication-kubeconfig", c.path("kcm.kubeconfig"),
 		"--authorization-kubeconfig", c.path("kcm.kubeconfig"),
-		"--controllers", "serviceaccount-controller,serviceaccount-token-controller,"+
-			"certificatesigningrequest-signing-controller,certificatesigningrequest-approving-controller,"+
-			"certificatesigningrequest-cleaner-controller,root-ca-certificate-publisher-controller,"+
-			"namespace-controller,garbage-collector-controller,clusterrole-aggregation-controller",
+		"--controllers", c.controllers(),
 		"--cluster-signing-cert-file", c.path("ca.crt"),
 		"--cluster-signing-key-file", c.path("ca.key"),
 		"--root-ca-file", c.path("ca.crt"),

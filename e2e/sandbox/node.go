@@ -64,6 +64,10 @@ type RealNode struct {
 	CgroupRoot string
 	// Containerd, Kubelet and KubeProxy are the node's daemons.
 	Containerd, Kubelet, KubeProxy *Process
+	// Scheduler is the kube-scheduler that binds the pods of DaemonSets
+	// and Deployments to the node (node_controlplane.go); it runs in the
+	// control-plane namespace and stops with the cluster.
+	Scheduler *Process
 	// Timings of the start, from the call of StartRealNode.
 	Timings RealNodeTimings
 
@@ -89,9 +93,9 @@ type RealNodeTimings struct {
 func (n *RealNode) path(name string) string { return filepath.Join(n.Dir, name) }
 
 // StartRealNode starts containerd, the kubelet and kube-proxy in the node
-// namespace and returns once the Node is Ready and kube-proxy has
-// programmed the kubernetes Service. The cluster must have been started
-// with Options.RealNode. On error everything started so far is undone.
+// namespace and kube-scheduler in the control-plane namespace, and returns
+// once the Node is Ready and kube-proxy has programmed the kubernetes
+// Service. The cluster must have been started with Options.RealNode. On error everything started so far is undone.
 //
 // It changes the machine outside the sandbox's namespaces (sysctls,
 // cgroups, mounts, a few host paths; see node_host.go): the original state
@@ -178,6 +182,9 @@ func (c *Cluster) StartRealNode(ctx context.Context, opts RealNodeOptions) (_ *R
 	n.Timings.Images = since()
 	c.logf("real node: containerd up in %s, images imported by %s", n.Timings.Containerd, n.Timings.Images)
 
+	if n.Scheduler, err = n.startScheduler(ctx); err != nil {
+		return nil, err
+	}
 	if n.Kubelet, err = n.start("kubelet", filepath.Join(n.binDir, "kubelet"),
 		"--config", n.path("kubelet-config.json"),
 		"--kubeconfig", c.path("kubelet.kubeconfig"),
@@ -218,7 +225,7 @@ func (c *Cluster) StartRealNode(ctx context.Context, opts RealNodeOptions) (_ *R
 
 func (n *RealNode) checkPrerequisites(opts RealNodeOptions) error {
 	var missing []string
-	for _, f := range []string{filepath.Join(n.binDir, "kubelet"), filepath.Join(n.binDir, "kube-proxy")} {
+	for _, f := range []string{filepath.Join(n.binDir, "kubelet"), filepath.Join(n.binDir, "kube-proxy"), filepath.Join(n.binDir, "kube-scheduler")} {
 		if _, err := os.Stat(f); err != nil {
 			missing = append(missing, f+" (make node-binaries)")
 		}

@@ -1,0 +1,1128 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
+)
+
+// The images the real node imports (make image, make e2e-images).
+const (
+	realAgentImage  = "docker.io/library/kube-apicache:latest"
+	realClientImage = "docker.io/library/kube-apicache-client:e2e"
+)
+
+const (
+	// dsClientNS holds the client pods of TestRealNodeDaemonSet, and
+	// dsClientSA their ServiceAccount.
+	dsClientNS = "rn-clients"
+	dsClientSA = "client"
+	// dsAgentSelector selects the agent's DaemonSet pods.
+	dsAgentSelector = "app.kubernetes.io/name=kube-apicache"
+	// dsOOMLimit is the memory limit step 5 patches in: the agent starts
+	// and intercepts under it, and is OOM-killed once the services it
+	// caches grow past it (dsOOMServiceBytes each).
+	dsOOMLimit        = "48Mi"
+	dsOOMServiceBytes = 200 << 10
+	dsOOMMaxServices  = 400
+)
+
+// TestRealNodeDaemonSet: the acceptance scenarios of the real node, with
+// the shipped manifests deployed by kubectl onto a kubelet with containerd
+// and kube-proxy in iptables mode.
+//
+//  1. Given a real node, when the manifests are applied with kustomize,
+//     then the approver becomes Available, the agent's CSR is approved,
+//     the DaemonSet pod becomes Ready, and the node's nat table sends the
+//     VIP to the agent ahead of kube-proxy while the liveness set holds it.
+//  2. When an ordinary client pod reads through the VIP (kubectl and
+//     client-go informers), then the agent answers some reads from its
+//     cache and kube-apiserver sees the pod's own ServiceAccount on every
+//     request it forwarded.
+//  3. When the DaemonSet is restarted under load (a new connection per
+//     request, and one reused HTTP/2 connection), then no request fails.
+//  4. When the agent is SIGKILLed through the runtime, then new
+//     connections go to kube-proxy within the liveness timeout, the
+//     kubelet's restart intercepts again, and nothing is duplicated.
+//  5. When the agent is OOM-killed, the same; and when the limit is
+//     restored, it intercepts again.
+//  6. When the manifests are deleted, then the node holds nothing of the
+//     agent's and pods reach kube-apiserver through kube-proxy.
+func TestRealNodeDaemonSet(t *testing.T) {
+	images := requireRealNode(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	testStart := time.Now()
+	sysctlsBefore := sandbox.ReadHostSysctls()
+	netnsBefore := listNetNS(t)
+	rootRulesBefore := rootIptables(t)
+
+	c, err := sandbox.Start(ctx, sandbox.Options{BinDir: realNodeBinDir(), APIServers: 1, RealNode: true, Logf: t.Logf})
+	if err != nil {
+		t.Fatalf("starting the sandbox: %v", err)
+	}
+	stopped := false
+	defer func() {
+		if !stopped {
+			if t.Failed() {
+				t.Logf("sandbox logs:\n%s", c.Logs(60))
+			}
+			_ = c.Stop()
+		}
+	}()
+	rn, err := c.StartRealNode(ctx, sandbox.RealNodeOptions{Images: images})
+	if err != nil {
+		t.Fatalf("starting the real node: %v", err)
+	}
+	figuref(t, "real node up in %s (Node Ready at %s)", rn.Timings.KubeProxy, rn.Timings.Ready)
+
+	s := &dsScenario{c: c, node: rn, overlay: writeOverlay(t)}
+	steps := []struct {
+		name string
+		run  func(t *testing.T, ctx context.Context)
+	}{
+		{"install", s.install},
+		{"reads", s.reads},
+		{"rollout", s.rollout},
+		{"kill", s.kill},
+		{"oom", s.oom},
+		{"uninstall", s.uninstall},
+	}
+	for _, step := range steps {
+		stepStart := time.Now()
+		ok := t.Run(step.name, func(t *testing.T) { step.run(t, ctx) })
+		t.Logf("step %s took %s", step.name, time.Since(stepStart).Round(time.Millisecond))
+		if !ok {
+			s.dumpAgent(t, ctx)
+			t.Fatalf("step %s failed; the later steps depend on it", step.name)
+		}
+	}
+
+	// Then, once the sandbox stops, the machine is as it was.
+	stopped = true
+	if err := c.Stop(); err != nil {
+		t.Errorf("stopping: %v", err)
+	}
+	if left := rn.Leftovers(); len(left) > 0 {
+		t.Errorf("left on the machine:\n%s", strings.Join(left, "\n"))
+	}
+	now := sandbox.ReadHostSysctls()
+	for k, v := range sysctlsBefore {
+		if now[k] != v {
+			t.Errorf("sysctl %s=%s, was %s", k, now[k], v)
+		}
+	}
+	for _, ns := range listNetNS(t) {
+		if !slices.Contains(netnsBefore, ns) {
+			t.Errorf("network namespace %s left", ns)
+		}
+	}
+	if now := rootIptables(t); now != rootRulesBefore {
+		t.Errorf("the root namespace's iptables changed:\nbefore:\n%s\nafter:\n%s", rootRulesBefore, now)
+	}
+	if !t.Failed() {
+		figuref(t, "whole scenario %s, teardown included; nothing left on the machine", time.Since(testStart).Round(time.Second))
+	}
+}
+
+// requireRealNode skips unless the real-node scenarios are enabled and
+// returns the image archives to import.
+func requireRealNode(t *testing.T) []string {
+	t.Helper()
+	if os.Getenv(realNodeEnabled) != "1" {
+		t.Skipf("set %s=1 to run the real-node scenario (make e2e-real-node)", realNodeEnabled)
+	}
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("the real node needs root")
+		}
+		t.Skip("the real node needs root")
+	}
+	imagesDir := os.Getenv("KUBE_APICACHE_IMAGES_DIR")
+	if imagesDir == "" {
+		imagesDir = filepath.Join(sandbox.RepoRoot(), "_output", "images")
+	}
+	images, _ := filepath.Glob(filepath.Join(imagesDir, "*.oci.tar"))
+	for _, want := range []string{"pause.oci.tar", "client.oci.tar", "kube-apicache.oci.tar"} {
+		if !slices.Contains(images, filepath.Join(imagesDir, want)) {
+			t.Fatalf("no %s in %s (make e2e-images image, or set KUBE_APICACHE_IMAGES_DIR)", want, imagesDir)
+		}
+	}
+	return images
+}
+
+func realNodeBinDir() string {
+	if d := os.Getenv("KUBE_APICACHE_BIN_DIR"); d != "" {
+		return d
+	}
+	return sandbox.DefaultBinDir()
+}
+
+// writeOverlay writes the kustomization an operator would: the shipped
+// manifests and the image, nothing else. kustomize takes a base only by a
+// relative path.
+func writeOverlay(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	base, err := filepath.Rel(dir, filepath.Join(sandbox.RepoRoot(), "manifests"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, tag, _ := strings.Cut(realAgentImage, ":")
+	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+images:
+  - name: kube-apicache
+    newName: %s
+    newTag: %s
+`, base, name, tag)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// dsScenario is the state the steps of TestRealNodeDaemonSet hand on.
+type dsScenario struct {
+	c       *sandbox.Cluster
+	node    *sandbox.RealNode
+	overlay string
+	// reader is the client pod of step 2, kept running to the end.
+	reader *nodePod
+}
+
+// kubectl runs the machine's kubectl as the sandbox's admin, inside the
+// control-plane namespace (where the admin kubeconfig's server is).
+func (s *dsScenario) kubectl(ctx context.Context, args ...string) (string, error) {
+	bin := os.Getenv("KUBECTL")
+	if bin == "" {
+		bin = "kubectl"
+	}
+	full := append([]string{"netns", "exec", s.c.CP.Name(), bin, "--kubeconfig", filepath.Join(s.c.Dir, "admin.kubeconfig")}, args...)
+	out, err := exec.CommandContext(ctx, "ip", full...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+func (s *dsScenario) mustKubectl(t *testing.T, ctx context.Context, args ...string) string {
+	t.Helper()
+	out, err := s.kubectl(ctx, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// agentPod returns the DaemonSet's pod that is not being deleted, if any.
+func (s *dsScenario) agentPod(ctx context.Context) (*corev1.Pod, error) {
+	pods, err := s.c.Admin.CoreV1().Pods(sandbox.AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: dsAgentSelector})
+	if err != nil {
+		return nil, err
+	}
+	for i := range pods.Items {
+		if pods.Items[i].DeletionTimestamp == nil {
+			return &pods.Items[i], nil
+		}
+	}
+	return nil, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	if p == nil {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// waitAgentReady waits until a DaemonSet pod other than not (by UID) is
+// Ready, and returns it.
+func (s *dsScenario) waitAgentReady(t *testing.T, ctx context.Context, timeout time.Duration, not types.UID) *corev1.Pod {
+	t.Helper()
+	var last *corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, timeout, true, func(ctx context.Context) (bool, error) {
+		p, err := s.agentPod(ctx)
+		if err != nil || p == nil {
+			return false, nil
+		}
+		last = p
+		return p.UID != not && podReady(p), nil
+	})
+	if err != nil {
+		status := "no pod"
+		if last != nil {
+			b, _ := json.MarshalIndent(last.Status, "", "  ")
+			status = string(b)
+		}
+		t.Fatalf("agent pod not Ready within %s: %v\n%s", timeout, err, status)
+	}
+	return last
+}
+
+// agentMetrics scrapes the agent's metrics from the node namespace, where
+// the DaemonSet's pod listens on loopback.
+func (s *dsScenario) agentMetrics(ctx context.Context) (string, error) {
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: s.c.Node.DialContext, DisableKeepAlives: true}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sandbox.AgentMetricsAddr+"/metrics", nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("metrics: %s", resp.Status)
+	}
+	return string(b), err
+}
+
+// forwardedCount is the number of requests the running agent forwarded,
+// or -1 if it does not answer.
+func (s *dsScenario) forwardedCount(t *testing.T, ctx context.Context) float64 {
+	text, err := s.agentMetrics(ctx)
+	if err != nil {
+		return -1
+	}
+	return sumWhere(parseMetrics(t, text)["kube_apicache_requests_total"], map[string]string{"handler": "forward"})
+}
+
+// intercepting reports whether the node sends the VIP to a live agent:
+// the liveness set holds the VIP and the agent's forwarded requests grow
+// (a load client must be running).
+func (s *dsScenario) intercepting(t *testing.T, ctx context.Context) bool {
+	if !slices.Contains(liveEntries(t, ctx, s.c), sandbox.ServiceVIP) {
+		return false
+	}
+	before := s.forwardedCount(t, ctx)
+	if before < 0 {
+		return false
+	}
+	time.Sleep(200 * time.Millisecond)
+	return s.forwardedCount(t, ctx) > before
+}
+
+// dumpAgent logs the agent pod's status and log, for failures.
+func (s *dsScenario) dumpAgent(t *testing.T, ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 20*time.Second)
+	defer cancel()
+	out, _ := s.kubectl(ctx, "-n", sandbox.AgentNamespace, "get", "pods,ds,deploy,csr", "-o", "wide")
+	t.Logf("kube-apicache objects:\n%s", out)
+	out, _ = s.kubectl(ctx, "get", "events", "-A")
+	t.Logf("events:\n%s", out)
+	out, _ = s.kubectl(ctx, "-n", sandbox.AgentNamespace, "logs", "daemonset/kube-apicache", "--tail=60")
+	t.Logf("agent log:\n%s", out)
+	out, _ = s.kubectl(ctx, "-n", sandbox.AgentNamespace, "logs", "daemonset/kube-apicache", "--tail=40", "--previous")
+	t.Logf("agent log (previous container):\n%s", out)
+	t.Logf("kubelet log:\n%s", tailLines(s.node.Kubelet.Log(), 40))
+}
+
+// natOrder returns, for one nat hook, the positions of the first jump to
+// the agent's chain and to kube-proxy's KUBE-SERVICES (-1 if absent), and
+// how many jumps to the agent's chain it has.
+func natOrder(nat, hook string) (agent, services, agentJumps int) {
+	agent, services = -1, -1
+	i := 0
+	for _, l := range strings.Split(nat, "\n") {
+		if !strings.HasPrefix(l, "-A "+hook+" ") {
+			continue
+		}
+		if strings.HasSuffix(l, "-j "+sandbox.AgentChain) {
+			agentJumps++
+			if agent < 0 {
+				agent = i
+			}
+		}
+		if strings.HasSuffix(l, "-j KUBE-SERVICES") && services < 0 {
+			services = i
+		}
+		i++
+	}
+	return agent, services, agentJumps
+}
+
+// install: given a real node, when the overlay is applied, then the
+// approver is Available, the agent's CSR approved, its pod Ready, and the
+// node intercepts the VIP ahead of kube-proxy.
+func (s *dsScenario) install(t *testing.T, ctx context.Context) {
+	c := s.c
+	start := time.Now()
+	out := s.mustKubectl(t, ctx, "apply", "-k", s.overlay)
+	t.Logf("kubectl apply -k:\n%s", out)
+
+	var available, approved, ready time.Duration
+	var csrReason string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if available == 0 {
+			d, err := c.Admin.AppsV1().Deployments(sandbox.AgentNamespace).Get(ctx, "kube-apicache-approver", metav1.GetOptions{})
+			if err == nil {
+				for _, cond := range d.Status.Conditions {
+					if cond.Type == "Available" && cond.Status == corev1.ConditionTrue {
+						available = time.Since(start)
+					}
+				}
+			}
+		}
+		if approved == 0 {
+			csrs, err := c.Admin.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+			if err == nil {
+				for _, csr := range csrs.Items {
+					if csr.Spec.Username != sandbox.AgentUsername() || len(csr.Status.Certificate) == 0 {
+						continue
+					}
+					for _, cond := range csr.Status.Conditions {
+						if cond.Type == certificatesv1.CertificateApproved && cond.Status == corev1.ConditionTrue {
+							approved, csrReason = time.Since(start), cond.Reason
+						}
+					}
+				}
+			}
+		}
+		if ready == 0 {
+			if p, err := s.agentPod(ctx); err == nil && podReady(p) {
+				ready = time.Since(start)
+			}
+		}
+		return available > 0 && approved > 0 && ready > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("after kubectl apply -k: approver Available after %s, agent CSR approved and issued after %s, agent pod Ready after %s (0: not yet): %v",
+			available, approved, ready, err)
+	}
+	figuref(t, "install: kubectl apply -k; approver Available %s, agent CSR approved (%s) and issued %s, DaemonSet pod Ready %s after the apply",
+		available.Round(time.Millisecond), csrReason, approved.Round(time.Millisecond), ready.Round(time.Millisecond))
+
+	// Then the jumps come first, ahead of kube-proxy's, in both hooks, and
+	// the liveness set holds the VIP.
+	nat, err := c.Node.Output(ctx, "iptables-save", "-t", "nat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, hook := range []string{"PREROUTING", "OUTPUT"} {
+		agent, services, jumps := natOrder(nat, hook)
+		if agent != 0 || services < 0 || jumps != 1 {
+			t.Errorf("%s: agent jump at %d (%d of them), KUBE-SERVICES at %d; want the agent's one jump first, ahead of kube-proxy's:\n%s",
+				hook, agent, jumps, services, nat)
+		}
+	}
+	if got := liveEntries(t, ctx, c); !slices.Equal(got, []string{sandbox.ServiceVIP}) {
+		t.Errorf("liveness set holds %v, want [%s]", got, sandbox.ServiceVIP)
+	}
+	_, addrs, err := c.NodeNetState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	figuref(t, "install: PREROUTING and OUTPUT jump to %s first, then KUBE-SERVICES; %s holds %s; listen address on %s",
+		sandbox.AgentChain, sandbox.AgentLivenessSet, sandbox.ServiceVIP, addrLinks(addrs, sandbox.AgentListenIP))
+}
+
+// addrLinks names the links that hold ip in `ip -o addr show` output.
+func addrLinks(addrs, ip string) string {
+	var links []string
+	for _, l := range strings.Split(addrs, "\n") {
+		if f := strings.Fields(l); len(f) > 3 && strings.Contains(l, " "+ip+"/") {
+			links = append(links, f[1])
+		}
+	}
+	if len(links) == 0 {
+		return "no link"
+	}
+	return strings.Join(links, ", ")
+}
+
+// nodePod is a client pod on the real node with its log followed from
+// its start.
+type nodePod struct {
+	Pod *corev1.Pod
+	log *podLog
+}
+
+// podLog follows a container's log through the apiserver and the kubelet.
+type podLog struct {
+	done chan struct{}
+
+	mu    sync.Mutex // protects the fields below
+	lines []string
+	err   error
+}
+
+func followPodLog(ctx context.Context, c *sandbox.Cluster, ns, name string) *podLog {
+	l := &podLog{done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		rc, err := c.Admin.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Follow: true}).Stream(ctx)
+		if err != nil {
+			l.mu.Lock()
+			l.err = err
+			l.mu.Unlock()
+			return
+		}
+		defer rc.Close()
+		sc := bufio.NewScanner(rc)
+		sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+		for sc.Scan() {
+			l.mu.Lock()
+			l.lines = append(l.lines, sc.Text())
+			l.mu.Unlock()
+		}
+		l.mu.Lock()
+		l.err = sc.Err()
+		l.mu.Unlock()
+	}()
+	return l
+}
+
+func (l *podLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := strings.Join(l.lines, "\n")
+	if l.err != nil {
+		s += fmt.Sprintf("\n(log stream: %v)", l.err)
+	}
+	return s
+}
+
+// awaitLine waits until a line contains substr.
+func (l *podLog) awaitLine(substr string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		l.mu.Lock()
+		found := slices.ContainsFunc(l.lines, func(s string) bool { return strings.Contains(s, substr) })
+		l.mu.Unlock()
+		if found {
+			return nil
+		}
+		select {
+		case <-l.done:
+			return fmt.Errorf("log ended without %q:\n%s", substr, l)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no %q within %s:\n%s", substr, timeout, l)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// runClient creates a client pod of the client image, scheduled onto the
+// real node like any workload: the ServiceAccount dsClientSA, the
+// projected token volume and the standard environment, plus NODE_NAME from
+// the downward API for the node-local informers. It waits until the pod
+// runs and follows its log.
+func (s *dsScenario) runClient(t *testing.T, ctx context.Context, name string, args ...string) *nodePod {
+	t.Helper()
+	pods := s.c.Admin.CoreV1().Pods(dsClientNS)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}},
+		Spec: corev1.PodSpec{
+			ServiceAccountName:            dsClientSA,
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: ptr.To[int64](10),
+			Containers: []corev1.Container{{
+				Name: "client", Image: realClientImage, ImagePullPolicy: corev1.PullNever,
+				Args: args,
+				Env: []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{
+					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"},
+				}}},
+			}},
+		},
+	}
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating pod %s: %v", name, err)
+	}
+	var last *corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := pods.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = p
+		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			return false, fmt.Errorf("pod %s ended: %s", name, p.Status.Phase)
+		}
+		return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", nil
+	})
+	if err != nil {
+		b, _ := json.MarshalIndent(last, "", "  ")
+		t.Fatalf("pod %s not Running: %v\n%s", name, err, b)
+	}
+	return &nodePod{Pod: last, log: followPodLog(ctx, s.c, dsClientNS, name)}
+}
+
+// exec runs a command in the client pod through kubectl exec.
+func (s *dsScenario) exec(t *testing.T, ctx context.Context, r *nodePod, args ...string) string {
+	t.Helper()
+	return s.mustKubectl(t, ctx, append([]string{"exec", "-n", dsClientNS, r.Pod.Name, "--"}, args...)...)
+}
+
+// startLoad runs `podclient load` in a new pod and waits until its first
+// write succeeded.
+func (s *dsScenario) startLoad(t *testing.T, ctx context.Context, name string, newConn bool) *nodePod {
+	t.Helper()
+	args := []string{"load", "--name", name, "--timeout", "8m", "--interval", "20ms"}
+	if newConn {
+		args = append(args, "--new-conn")
+	}
+	r := s.runClient(t, ctx, name, args...)
+	if err := r.log.awaitLine("READY", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// stopLoad deletes a load pod with a grace period: podclient gets SIGTERM,
+// prints its RESULT and exits, and the followed log ends with it.
+func (s *dsScenario) stopLoad(t *testing.T, ctx context.Context, r *nodePod) loadResult {
+	t.Helper()
+	err := s.c.Admin.CoreV1().Pods(dsClientNS).Delete(ctx, r.Pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](10)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-r.log.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("load pod %s: log still open 30s after its deletion:\n%s", r.Pod.Name, tailLines(r.log.String(), 20))
+	}
+	log := r.log.String()
+	m := resultRE.FindStringSubmatch(log)
+	if m == nil {
+		t.Fatalf("load pod %s printed no RESULT:\n%s", r.Pod.Name, tailLines(log, 30))
+	}
+	n := func(i int) int { v, _ := strconv.Atoi(m[i]); return v }
+	res := loadResult{OK: n(1), Failed: n(2), Reads: n(3), Writes: n(4), FailedReads: n(5), FailedWrites: n(6),
+		LongestGap: time.Duration(n(7)) * time.Millisecond}
+	for _, line := range strings.Split(log, "\n") {
+		if strings.HasPrefix(line, "FAIL ") {
+			res.Failures = append(res.Failures, line)
+		}
+	}
+	return res
+}
+
+// waitAllowed waits until RBAC allows the client ServiceAccount verb on
+// resource in ns ("" for cluster-wide).
+func (s *dsScenario) waitAllowed(t *testing.T, ctx context.Context, ns, verb, res string) {
+	t.Helper()
+	user := "system:serviceaccount:" + dsClientNS + ":" + dsClientSA
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		sar := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
+			User:               user,
+			Groups:             []string{"system:serviceaccounts", "system:serviceaccounts:" + dsClientNS, "system:authenticated"},
+			ResourceAttributes: &authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Resource: res},
+		}}
+		got, err := s.c.Admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		return err == nil && got.Status.Allowed, nil
+	})
+	if err != nil {
+		t.Fatalf("%s may not %s %s in %q: %v", user, verb, res, ns, err)
+	}
+}
+
+// setUpClients creates the clients' namespace and ServiceAccount with
+// edit in the namespace and list/watch of pods and services cluster-wide.
+func (s *dsScenario) setUpClients(t *testing.T, ctx context.Context) {
+	t.Helper()
+	c := s.c
+	if err := c.EnsureNamespace(ctx, dsClientNS); err != nil {
+		t.Fatal(err)
+	}
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: dsClientSA}}
+	if _, err := c.Admin.CoreV1().ServiceAccounts(dsClientNS).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	subjects := []rbacv1.Subject{{Kind: "ServiceAccount", Name: dsClientSA, Namespace: dsClientNS}}
+	rb := &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "client-edit"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "edit"},
+		Subjects:   subjects,
+	}
+	if _, err := c.Admin.RbacV1().RoleBindings(dsClientNS).Create(ctx, rb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cr := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "rn-client-read"},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods", "services"}, Verbs: []string{"get", "list", "watch"}}},
+	}
+	if _, err := c.Admin.RbacV1().ClusterRoles().Create(ctx, cr, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	crb := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "rn-client-read"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: cr.Name},
+		Subjects:   subjects,
+	}
+	if _, err := c.Admin.RbacV1().ClusterRoleBindings().Create(ctx, crb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.waitAllowed(t, ctx, dsClientNS, "patch", "configmaps")
+	s.waitAllowed(t, ctx, "", "watch", "pods")
+	s.waitAllowed(t, ctx, "", "watch", "services")
+}
+
+// reads: when a client pod reads through the VIP with kubectl and
+// client-go informers, then the agent answers some reads from its cache,
+// and kube-apiserver sees the pod's own ServiceAccount on every request
+// it forwarded for the pod.
+func (s *dsScenario) reads(t *testing.T, ctx context.Context) {
+	c := s.c
+	s.setUpClients(t, ctx)
+	// Given a client pod running node-local informers (pods on this node,
+	// typed and metadata-only, and services).
+	s.reader = s.runClient(t, ctx, "reader", "informers", "--timeout", "14m")
+	r := s.reader
+	if err := r.log.awaitLine("SYNCED", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// When it runs kubectl.
+	out := s.exec(t, ctx, r, "kubectl", "get", "configmaps")
+	if !strings.Contains(out, "kube-root-ca.crt") {
+		t.Errorf("kubectl get configmaps in the pod:\n%s", out)
+	}
+	raw := s.exec(t, ctx, r, "kubectl", "get", "--raw", "/api/v1/pods?fieldSelector=spec.nodeName%3D"+sandbox.NodeName)
+	var list corev1.PodList
+	if err := json.Unmarshal([]byte(raw), &list); err != nil {
+		t.Fatalf("kubectl get --raw pods: %v\n%.500s", err, raw)
+	}
+	var names []string
+	for _, p := range list.Items {
+		names = append(names, p.Namespace+"/"+p.Name)
+	}
+	if !slices.Contains(names, dsClientNS+"/reader") || !slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, sandbox.AgentNamespace+"/kube-apicache-") }) {
+		t.Errorf("the node's pods through the VIP: %v; want the reader and the agent among them", names)
+	}
+	// Then the agent answered reads from its cache.
+	text, err := s.agentMetrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byOutcome := map[string]float64{}
+	hitsBy := map[string]float64{}
+	for _, m := range parseMetrics(t, text)["kube_apicache_cache_requests_total"] {
+		byOutcome[m.labels["outcome"]] += m.value
+		if m.labels["outcome"] == "hit" {
+			hitsBy[m.labels["verb"]+" "+m.labels["resource"]] += m.value
+		}
+	}
+	if byOutcome["hit"] == 0 {
+		t.Errorf("no cache hits; outcomes %v", byOutcome)
+	}
+	figuref(t, "reads: %d pods on the node through the VIP; cache outcomes %v, hits by verb and resource %v", len(list.Items), byOutcome, hitsBy)
+
+	// And every request kube-apiserver received from the pod (the agent
+	// appends the pod's address to X-Forwarded-For) carried the pod's own
+	// identity.
+	want := "system:serviceaccount:" + dsClientNS + ":" + dsClientSA
+	var forwarded, direct, wrong int
+	agents := map[string]int{}
+	for _, ev := range auditEvents(t, c, func(ev *auditv1.Event) bool { return slices.Contains(ev.SourceIPs, r.Pod.Status.PodIP) }) {
+		if slices.Contains(ev.SourceIPs, sandbox.NodeIP) {
+			forwarded++
+		} else {
+			direct++
+		}
+		if ev.User.Username != want || ev.ImpersonatedUser != nil {
+			wrong++
+			if wrong <= 3 {
+				t.Errorf("request %s %s from the pod reached kube-apiserver as %q (impersonating %v), want %q",
+					ev.Verb, ev.RequestURI, ev.User.Username, ev.ImpersonatedUser, want)
+			}
+		}
+		ua, _, _ := strings.Cut(ev.UserAgent, " ")
+		agents[ua]++
+	}
+	if forwarded == 0 {
+		t.Errorf("kube-apiserver logged no request forwarded by the agent for the pod (%d direct)", direct)
+	}
+	if direct > 0 {
+		t.Errorf("%d requests from the pod reached kube-apiserver around the agent while it intercepted", direct)
+	}
+	figuref(t, "reads: kube-apiserver logged %d requests forwarded for the pod (by user agent %v), %d with another identity than %s, %d direct",
+		forwarded, agents, wrong, want, direct)
+}
+
+// rollout: given two load clients (a new connection per request, and one
+// reused HTTP/2 connection), when the DaemonSet is restarted, then no
+// request fails.
+func (s *dsScenario) rollout(t *testing.T, ctx context.Context) {
+	old, err := s.agentPod(ctx)
+	if err != nil || old == nil {
+		t.Fatalf("no agent pod: %v", err)
+	}
+	newConn := s.startLoad(t, ctx, "load-newconn", true)
+	reused := s.startLoad(t, ctx, "load-http2", false)
+	waitFor(t, 10*time.Second, "the loads go through the agent", func() bool { return s.intercepting(t, ctx) })
+	before := s.forwardedCount(t, ctx)
+
+	start := time.Now()
+	s.mustKubectl(t, ctx, "-n", sandbox.AgentNamespace, "rollout", "restart", "daemonset/kube-apicache")
+	out := s.mustKubectl(t, ctx, "-n", sandbox.AgentNamespace, "rollout", "status", "daemonset/kube-apicache", "--timeout=3m")
+	rolled := time.Since(start)
+	t.Logf("rollout status:\n%s", out)
+	s.waitAgentReady(t, ctx, time.Minute, old.UID)
+	waitFor(t, 30*time.Second, "the new agent intercepts", func() bool { return s.intercepting(t, ctx) })
+	intercepting := time.Since(start)
+	time.Sleep(time.Second)
+	after := s.forwardedCount(t, ctx)
+
+	resNew := s.stopLoad(t, ctx, newConn)
+	resReused := s.stopLoad(t, ctx, reused)
+	figuref(t, "rollout: restart to rollout status done %s, to the new agent intercepting %s (old agent forwarded %.0f before, the new one %.0f by the end)",
+		rolled.Round(time.Millisecond), intercepting.Round(time.Millisecond), before, after)
+	figuref(t, "rollout: new connection per request: %s", resNew)
+	figuref(t, "rollout: one reused HTTP/2 connection: %s", resReused)
+	for name, res := range map[string]loadResult{"new-conn": resNew, "http2": resReused} {
+		if res.Failed > 0 {
+			t.Errorf("%s load: %d requests failed during the rollout:\n%s", name, res.Failed, res.firstFailures(5))
+		}
+		if res.OK < 100 {
+			t.Errorf("%s load: only %d requests succeeded", name, res.OK)
+		}
+	}
+}
+
+// runningAgentContainer finds the agent's running container through the
+// runtime, by the kubelet's container-name label.
+func (s *dsScenario) runningAgentContainer(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	ids, err := s.node.CtrOutput(ctx, "containers", "ls", "-q", `labels."io.kubernetes.container.name"==kube-apicache`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tasks, err := s.node.CtrOutput(ctx, "tasks", "ls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := map[string]bool{}
+	for _, l := range strings.Split(tasks, "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[2] == "RUNNING" {
+			running[f[0]] = true
+		}
+	}
+	var found []string
+	for _, id := range strings.Fields(ids) {
+		if running[id] {
+			found = append(found, id)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("running agent containers %v (containers %q; tasks:\n%s)", found, ids, tasks)
+	}
+	return found[0]
+}
+
+// agentStatus returns the agent container's status in its current pod.
+func (s *dsScenario) agentStatus(t *testing.T, ctx context.Context) (*corev1.Pod, corev1.ContainerStatus) {
+	t.Helper()
+	p, err := s.agentPod(ctx)
+	if err != nil || p == nil || len(p.Status.ContainerStatuses) == 0 {
+		return p, corev1.ContainerStatus{}
+	}
+	return p, p.Status.ContainerStatuses[0]
+}
+
+// assertNoDuplicates checks the node holds exactly one of each of the
+// agent's objects.
+func (s *dsScenario) assertNoDuplicates(t *testing.T, ctx context.Context, when string) {
+	t.Helper()
+	st := readNodeState(t, ctx, s.c)
+	nat, addrs, err := s.c.NodeNetState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre, _, preJumps := natOrder(nat, "PREROUTING")
+	outp, _, outJumps := natOrder(nat, "OUTPUT")
+	dnat := 0
+	for _, l := range strings.Split(nat, "\n") {
+		if strings.HasPrefix(l, "-A "+sandbox.AgentChain+" ") && strings.Contains(l, "-j DNAT") {
+			dnat++
+		}
+	}
+	if st.Chains != 1 || preJumps != 1 || outJumps != 1 || pre != 0 || outp != 0 || dnat != 1 || st.ChainRules != 2 ||
+		st.Sets != 1 || st.Entries != 1 || st.Addresses != 1 {
+		t.Errorf("%s: node state %+v, jumps PREROUTING %d (first at %d) OUTPUT %d (first at %d), DNAT rules %d; want one of each, jumps first:\n%s\n%s",
+			when, st, preJumps, pre, outJumps, outp, dnat, nat, addrs)
+	}
+	figuref(t, "%s: one chain (%d rules, %d DNAT), one jump per hook in first place, one set with %d entry, %d address %s on %s",
+		when, st.ChainRules, dnat, st.Entries, st.Addresses, sandbox.AgentListenIP, addrLinks(addrs, sandbox.AgentListenIP))
+}
+
+// kill: given a load client opening a connection per request, when the
+// agent's container is SIGKILLed through the runtime, then new connections
+// take kube-proxy's path within the liveness timeout, the kubelet restarts
+// the agent, which intercepts again, and nothing is duplicated.
+func (s *dsScenario) kill(t *testing.T, ctx context.Context) {
+	load := s.startLoad(t, ctx, "load-kill", true)
+	waitFor(t, 10*time.Second, "the load goes through the agent", func() bool { return s.intercepting(t, ctx) })
+	_, before := s.agentStatus(t, ctx)
+	id := s.runningAgentContainer(t, ctx)
+	if want := "containerd://" + id; before.ContainerID != want {
+		t.Fatalf("the running container %s is not the pod's (%s)", id, before.ContainerID)
+	}
+
+	killed := time.Now()
+	if out, err := s.node.CtrOutput(ctx, "tasks", "kill", "-s", "SIGKILL", id); err != nil {
+		t.Fatalf("ctr tasks kill: %v %s", err, out)
+	}
+	// Then the entry expires with no process acting on it.
+	expired := waitFor(t, 5*time.Second, "liveness entry expiry", func() bool {
+		return !slices.Contains(liveEntries(t, ctx, s.c), sandbox.ServiceVIP)
+	})
+	// And the kubelet's restart intercepts again.
+	waitFor(t, 2*time.Minute, "the restarted agent intercepts", func() bool { return s.intercepting(t, ctx) })
+	restored := time.Since(killed)
+	_, after := s.agentStatus(t, ctx)
+	time.Sleep(time.Second)
+	res := s.stopLoad(t, ctx, load)
+	reason := ""
+	if term := after.LastTerminationState.Terminated; term != nil {
+		reason = fmt.Sprintf("%s, exit code %d", term.Reason, term.ExitCode)
+	}
+	figuref(t, "kill: SIGKILL via ctr; liveness entry expired %s after, restarted agent (restarts %d, last state %s) intercepting %s after; load: %s",
+		expired.Round(time.Millisecond), after.RestartCount, reason, restored.Round(time.Millisecond), res)
+	if after.RestartCount != before.RestartCount+1 {
+		t.Errorf("restart count %d, want %d", after.RestartCount, before.RestartCount+1)
+	}
+	if res.LongestGap > killGapTarget {
+		t.Errorf("longest gap %s, want at most %s; failures:\n%s", res.LongestGap, killGapTarget, res.firstFailures(5))
+	}
+	if res.OK < 100 {
+		t.Errorf("only %d requests succeeded", res.OK)
+	}
+	s.assertNoDuplicates(t, ctx, "kill")
+}
+
+// patchMemory sets the agent container's memory request and limit.
+func (s *dsScenario) patchMemory(t *testing.T, ctx context.Context, request, limit string) {
+	t.Helper()
+	patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/template/spec/containers/0/resources/requests/memory","value":%q},`+
+		`{"op":"replace","path":"/spec/template/spec/containers/0/resources/limits/memory","value":%q}]`, request, limit)
+	if _, err := s.c.Admin.AppsV1().DaemonSets(sandbox.AgentNamespace).Patch(ctx, "kube-apicache", types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// oom: given the agent under a memory limit it starts and intercepts
+// within, and a load client, when the cluster's services grow past what
+// the limit holds, then the kernel OOM-kills the agent and new connections
+// take kube-proxy's path within the liveness timeout; when the limit is
+// restored, the agent intercepts again.
+func (s *dsScenario) oom(t *testing.T, ctx context.Context) {
+	c := s.c
+	ds, err := c.Admin.AppsV1().DaemonSets(sandbox.AgentNamespace).Get(ctx, "kube-apicache", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res0 := ds.Spec.Template.Spec.Containers[0].Resources
+	origRequest, origLimit := res0.Requests.Memory().String(), res0.Limits.Memory().String()
+	if text, err := s.agentMetrics(ctx); err == nil {
+		t.Logf("agent before: resident %.1f MiB, heap in use %.1f MiB",
+			gaugeValue(t, text, "process_resident_memory_bytes")/(1<<20), gaugeValue(t, text, "go_memstats_heap_inuse_bytes")/(1<<20))
+	}
+
+	// Given the agent restarted under the low limit.
+	old, _ := s.agentPod(ctx)
+	s.patchMemory(t, ctx, dsOOMLimit, dsOOMLimit)
+	pod := s.waitAgentReady(t, ctx, 2*time.Minute, old.UID)
+	if got := pod.Spec.Containers[0].Resources.Limits.Memory(); got.Cmp(resource.MustParse(dsOOMLimit)) != 0 {
+		t.Fatalf("new agent pod's memory limit %s, want %s", got, dsOOMLimit)
+	}
+	load := s.startLoad(t, ctx, "load-oom", true)
+	waitFor(t, 30*time.Second, "the load goes through the agent under the low limit", func() bool { return s.intercepting(t, ctx) })
+	if text, err := s.agentMetrics(ctx); err == nil {
+		t.Logf("agent under %s: resident %.1f MiB, heap in use %.1f MiB", dsOOMLimit,
+			gaugeValue(t, text, "process_resident_memory_bytes")/(1<<20), gaugeValue(t, text, "go_memstats_heap_inuse_bytes")/(1<<20))
+	}
+
+	// When services it caches grow past the limit (headless, so kube-proxy
+	// programs nothing for them), until the agent's container is killed.
+	const ns = "rn-oom"
+	if err := c.EnsureNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	filler := strings.Repeat("x", dsOOMServiceBytes)
+	var created int
+	var killedAt, goneAt time.Time
+	var term *corev1.ContainerStateTerminated
+	for created < dsOOMMaxServices && term == nil {
+		for range 10 {
+			svc := &corev1.Service{
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("filler-%03d", created), Annotations: map[string]string{"example.com/filler": filler}},
+				Spec:       corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Port: 80}}},
+			}
+			if _, err := c.Admin.CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			created++
+		}
+		deadline := time.Now().Add(time.Second)
+		for term == nil && time.Now().Before(deadline) {
+			_, st := s.agentStatus(t, ctx)
+			if st.RestartCount > 0 {
+				term = st.LastTerminationState.Terminated
+				if term == nil {
+					term = &corev1.ContainerStateTerminated{Reason: "(unknown)"}
+				}
+				killedAt = time.Now()
+			} else if st.State.Terminated != nil {
+				term, killedAt = st.State.Terminated, time.Now()
+			}
+			if goneAt.IsZero() && !slices.Contains(liveEntries(t, ctx, c), sandbox.ServiceVIP) {
+				goneAt = time.Now()
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if term == nil {
+		t.Fatalf("the agent survived %d services of %d KiB under a %s limit", created, dsOOMServiceBytes>>10, dsOOMLimit)
+	}
+	if goneAt.IsZero() {
+		waitFor(t, 5*time.Second, "liveness entry expiry after the OOM kill", func() bool {
+			return !slices.Contains(liveEntries(t, ctx, c), sandbox.ServiceVIP)
+		})
+		goneAt = time.Now()
+	}
+	order := fmt.Sprintf("%s after", goneAt.Sub(killedAt).Round(time.Millisecond))
+	if goneAt.Before(killedAt) {
+		order = fmt.Sprintf("%s before", killedAt.Sub(goneAt).Round(time.Millisecond))
+	}
+	figuref(t, "oom: limit %s; the agent was killed after %d headless services of %d KiB (%d MiB) were created; reason %s (exit code %d); liveness entry seen gone %s the kubelet reported the kill (both polled)",
+		dsOOMLimit, created, dsOOMServiceBytes>>10, created*dsOOMServiceBytes>>20, term.Reason, term.ExitCode, order)
+	if term.Reason != "OOMKilled" {
+		t.Errorf("the agent's container ended with reason %q, want OOMKilled", term.Reason)
+	}
+	// Long enough to see the load on kube-proxy's path (and the restarted
+	// agent fail again while the services are there).
+	time.Sleep(3 * time.Second)
+	_, st := s.agentStatus(t, ctx)
+	t.Logf("agent %s after the kill was reported: restarts %d, state %+v", time.Since(killedAt).Round(time.Millisecond), st.RestartCount, st.State)
+	res := s.stopLoad(t, ctx, load)
+	figuref(t, "oom: load over the OOM kill: %s", res)
+	if res.LongestGap > killGapTarget {
+		t.Errorf("longest gap %s, want at most %s; failures:\n%s", res.LongestGap, killGapTarget, res.firstFailures(5))
+	}
+	if res.OK < 100 {
+		t.Errorf("only %d requests succeeded", res.OK)
+	}
+
+	// When the services go and the limit is restored.
+	for i := range created {
+		if err := c.Admin.CoreV1().Services(ns).Delete(ctx, fmt.Sprintf("filler-%03d", i), metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	load = s.startLoad(t, ctx, "load-restore", true)
+	cur, _ := s.agentPod(ctx)
+	restore := time.Now()
+	s.patchMemory(t, ctx, origRequest, origLimit)
+	// Then the agent intercepts again.
+	s.waitAgentReady(t, ctx, 2*time.Minute, cur.UID)
+	waitFor(t, time.Minute, "the agent intercepts after the limit is restored", func() bool { return s.intercepting(t, ctx) })
+	back := time.Since(restore)
+	time.Sleep(time.Second)
+	res = s.stopLoad(t, ctx, load)
+	figuref(t, "oom: services deleted and limit restored to %s; intercepting again %s after the patch; load over the restore: %s",
+		origLimit, back.Round(time.Millisecond), res)
+	if res.LongestGap > killGapTarget {
+		t.Errorf("longest gap %s, want at most %s; failures:\n%s", res.LongestGap, killGapTarget, res.firstFailures(5))
+	}
+	s.assertNoDuplicates(t, ctx, "oom")
+}
+
+// uninstall: when the overlay is deleted, then the node holds no rule,
+// chain, set or address of the agent's, and pods reach kube-apiserver
+// through kube-proxy.
+func (s *dsScenario) uninstall(t *testing.T, ctx context.Context) {
+	c := s.c
+	start := time.Now()
+	out := s.mustKubectl(t, ctx, "delete", "-k", s.overlay, "--timeout=2m")
+	t.Logf("kubectl delete -k:\n%s", out)
+	waitFor(t, 2*time.Minute, "the agent's pods gone", func() bool {
+		pods, err := c.Admin.CoreV1().Pods(sandbox.AgentNamespace).List(ctx, metav1.ListOptions{})
+		return err == nil && len(pods.Items) == 0
+	})
+	gone := time.Since(start)
+
+	nat, addrs, err := c.NodeNetState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets, err := c.Node.Output(ctx, "ipset", "list", "-n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(nat, sandbox.AgentChain) {
+		t.Errorf("nat table still names %s:\n%s", sandbox.AgentChain, nat)
+	}
+	if slices.Contains(strings.Fields(sets), sandbox.AgentLivenessSet) {
+		t.Errorf("set %s left: %s", sandbox.AgentLivenessSet, sets)
+	}
+	if strings.Contains(addrs, " "+sandbox.AgentListenIP+"/") || strings.Contains(addrs, "kube-apicache0") {
+		t.Errorf("listen address or link left:\n%s", addrs)
+	}
+	if !sandbox.HasServiceRule(nat, sandbox.ServiceVIP) {
+		t.Errorf("kube-proxy's rule for the VIP is gone:\n%s", nat)
+	}
+
+	// And a pod's kubectl goes straight to kube-apiserver.
+	asked := time.Now()
+	o := s.exec(t, ctx, s.reader, "kubectl", "get", "configmaps")
+	if !strings.Contains(o, "kube-root-ca.crt") {
+		t.Errorf("kubectl get configmaps after the uninstall:\n%s", o)
+	}
+	var viaAgent, direct int
+	for _, ev := range auditEvents(t, c, func(ev *auditv1.Event) bool {
+		return slices.Contains(ev.SourceIPs, s.reader.Pod.Status.PodIP) && strings.HasPrefix(ev.UserAgent, "kubectl") && ev.RequestReceivedTimestamp.After(asked.Add(-time.Second))
+	}) {
+		if slices.Contains(ev.SourceIPs, sandbox.NodeIP) {
+			viaAgent++
+		} else {
+			direct++
+		}
+	}
+	if direct == 0 || viaAgent > 0 {
+		t.Errorf("after the uninstall kubectl's requests reached kube-apiserver %d times directly and %d times through an agent", direct, viaAgent)
+	}
+	var left []string
+	for _, l := range strings.Split(nat, "\n") {
+		if strings.HasPrefix(l, "-A PREROUTING") || strings.HasPrefix(l, "-A OUTPUT") {
+			left = append(left, l)
+		}
+	}
+	sort.Strings(left)
+	figuref(t, "uninstall: kubectl delete -k to pods gone %s; no chain, jump, set or address left (hooks: %q); the pod's kubectl reached kube-apiserver directly (%d requests)",
+		gone.Round(time.Millisecond), left, direct)
+}
