@@ -17,7 +17,7 @@ BENCH_ARGS ?=
 IMAGE ?= kube-apicache:latest
 
 .PHONY: all build deps control-plane test unit e2e vet verify-manifests demo bench fuzz image clean
-.PHONY: node-deps node-binaries e2e-real-node
+.PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists
 
 all: build
 
@@ -141,11 +141,16 @@ IMAGES_DIR ?= $(CURDIR)/_output/images
 KUBECTL ?= /usr/bin/kubectl
 IMAGE_BUILD = $(GO) -C hack/image run . --go $(GO) --out $(IMAGES_DIR)
 .PHONY: e2e-images
-image:
+image: apt-lists
 	$(IMAGE_BUILD) --agent --agent-name $(IMAGE)
 
-e2e-images:
+e2e-images: apt-lists
 	$(IMAGE_BUILD) --pause --client --kubectl $(KUBECTL)
+
+# apt-get download needs the package lists, which a fresh machine may not
+# have yet.
+apt-lists:
+	@ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || apt-get update -qq
 
 clean:
 	rm -rf _output
