@@ -1,7 +1,8 @@
 # kube-apicache build, test and demo entry points.
 #
 #   make test    unit tests, then the e2e suite against the sandbox cluster
-#   make demo    sandbox + agent + a sample pod; Ctrl-C tears it down
+#   make demo    sandbox + real node + the DaemonSet + a client pod; Ctrl-C tears
+#                it down (DEMO_ARGS=--emulated: the emulated node)
 #   make bench   cached reads through the agent vs direct kube-apiserver
 #
 # Both install what they need on a fresh Debian machine (iptables, ipset,
@@ -119,8 +120,11 @@ fuzz:
 	  $(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime=$(FUZZ_EXECS)x "$${t%%:*}"; \
 	done
 
-demo: deps control-plane
-	$(GO) run ./e2e/demo --bin-dir $(BIN_DIR) $(DEMO_ARGS)
+# The demo runs on a real node (needs root): kubectl installs the DaemonSet
+# from manifests/ with the images built here. DEMO_ARGS=--emulated runs it
+# on the emulated node instead (pods are processes, the agent a process).
+demo: deps node-deps control-plane node-binaries image e2e-images
+	KUBE_APICACHE_IMAGES_DIR=$(IMAGES_DIR) $(GO) run ./e2e/demo --bin-dir $(BIN_DIR) --images-dir $(IMAGES_DIR) $(DEMO_ARGS)
 
 # Cached reads through the agent against direct kube-apiserver reads, side
 # by side in one sandbox run (needs root). Prints figures, asserts nothing.

@@ -5,11 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -35,8 +31,8 @@ import (
 
 // The images the real node imports (make image, make e2e-images).
 const (
-	realAgentImage  = "docker.io/library/kube-apicache:latest"
-	realClientImage = "docker.io/library/kube-apicache-client:e2e"
+	realAgentImage  = sandbox.RealAgentImage
+	realClientImage = sandbox.RealClientImage
 )
 
 const (
@@ -45,7 +41,7 @@ const (
 	dsClientNS = "rn-clients"
 	dsClientSA = "client"
 	// dsAgentSelector selects the agent's DaemonSet pods.
-	dsAgentSelector = "app.kubernetes.io/name=kube-apicache"
+	dsAgentSelector = sandbox.DaemonSetAgentSelector
 	// dsOOMLimit is the memory limit step 5 patches in: the agent starts
 	// and intercepts under it, and is OOM-killed once the services it
 	// caches grow past it (dsOOMServiceBytes each).
@@ -165,15 +161,9 @@ func requireRealNode(t *testing.T) []string {
 		}
 		t.Skip("the real node needs root")
 	}
-	imagesDir := os.Getenv("KUBE_APICACHE_IMAGES_DIR")
-	if imagesDir == "" {
-		imagesDir = filepath.Join(sandbox.RepoRoot(), "_output", "images")
-	}
-	images, _ := filepath.Glob(filepath.Join(imagesDir, "*.oci.tar"))
-	for _, want := range []string{"pause.oci.tar", "client.oci.tar", "kube-apicache.oci.tar"} {
-		if !slices.Contains(images, filepath.Join(imagesDir, want)) {
-			t.Fatalf("no %s in %s (make e2e-images image, or set KUBE_APICACHE_IMAGES_DIR)", want, imagesDir)
-		}
+	images, err := sandbox.RealNodeImages(sandbox.RealNodeImagesDir())
+	if err != nil {
+		t.Fatal(err)
 	}
 	return images
 }
@@ -191,21 +181,7 @@ func realNodeBinDir() string {
 func writeOverlay(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	base, err := filepath.Rel(dir, filepath.Join(sandbox.RepoRoot(), "manifests"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	name, tag, _ := strings.Cut(realAgentImage, ":")
-	k := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
-kind: Kustomization
-resources:
-  - %s
-images:
-  - name: kube-apicache
-    newName: %s
-    newTag: %s
-`, base, name, tag)
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+	if err := sandbox.WriteOverlay(dir, realAgentImage); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -223,16 +199,7 @@ type dsScenario struct {
 // kubectl runs the machine's kubectl as the sandbox's admin, inside the
 // control-plane namespace (where the admin kubeconfig's server is).
 func (s *dsScenario) kubectl(ctx context.Context, args ...string) (string, error) {
-	bin := os.Getenv("KUBECTL")
-	if bin == "" {
-		bin = "kubectl"
-	}
-	full := append([]string{"netns", "exec", s.c.CP.Name(), bin, "--kubeconfig", filepath.Join(s.c.Dir, "admin.kubeconfig")}, args...)
-	out, err := exec.CommandContext(ctx, "ip", full...).CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("kubectl %s: %w\n%s", strings.Join(args, " "), err, out)
-	}
-	return string(out), nil
+	return s.c.Kubectl(ctx, args...)
 }
 
 func (s *dsScenario) mustKubectl(t *testing.T, ctx context.Context, args ...string) string {
@@ -297,18 +264,7 @@ func (s *dsScenario) waitAgentReady(t *testing.T, ctx context.Context, timeout t
 // agentMetrics scrapes the agent's metrics from the node namespace, where
 // the DaemonSet's pod listens on loopback.
 func (s *dsScenario) agentMetrics(ctx context.Context) (string, error) {
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: s.c.Node.DialContext, DisableKeepAlives: true}}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sandbox.AgentMetricsAddr+"/metrics", nil)
-	resp, err := client.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("metrics: %s", resp.Status)
-	}
-	return string(b), err
+	return s.c.DaemonSetAgentMetrics(ctx)
 }
 
 // forwardedCount is the number of requests the running agent forwarded,

@@ -4,6 +4,12 @@
 // and watch-list informers answered from its cache, the latency of a read
 // through the agent and directly, and the kube-apiserver reads it saved. It
 // tears everything down on Ctrl-C, or after --duration.
+//
+// By default the node is a real one (real.go): containerd, a kubelet and
+// kube-proxy, with the DaemonSet installed by `kubectl apply -k` of
+// manifests/ and client pods the kubelet runs from the client image.
+// --emulated runs it on the sandbox's emulated node instead: pods are
+// processes in network namespaces and the agent a process.
 package main
 
 import (
@@ -15,6 +21,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -52,14 +59,22 @@ const (
 func main() {
 	duration := flag.Duration("duration", 0, "stop after this long (0: run until Ctrl-C)")
 	binDir := flag.String("bin-dir", sandbox.DefaultBinDir(), "directory holding etcd, kube-apiserver and kube-controller-manager")
+	emulated := flag.Bool("emulated", false, "run on the sandbox's emulated node (pods are processes in network namespaces, the agent a process) instead of a real kubelet with the DaemonSet")
+	imagesDir := flag.String("images-dir", sandbox.RealNodeImagesDir(), "directory holding the OCI image archives of make image e2e-images (real node)")
 	flag.Parse()
-	if err := run(*duration, *binDir); err != nil {
+	var err error
+	if *emulated {
+		err = runEmulated(*duration, *binDir)
+	} else {
+		err = runReal(*duration, *binDir, *imagesDir)
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(duration time.Duration, binDir string) error {
+func runEmulated(duration time.Duration, binDir string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	tmp, err := os.MkdirTemp("", "kube-apicache-demo-bin-")
@@ -141,7 +156,7 @@ func run(duration time.Duration, binDir string) error {
 	if err != nil {
 		return err
 	}
-	if err := waitCacheCaughtUp(ctx, agent, written); err != nil {
+	if err := waitCacheCaughtUp(ctx, agent.Metrics, written); err != nil {
 		return err
 	}
 	fmt.Printf("   granted %s/%s ClusterRole %s (get, list, watch pods and services); cache has caught up\n",
@@ -158,7 +173,7 @@ func run(duration time.Duration, binDir string) error {
 		{args: []string{"kubectl", "get", "pods", "-A", "--field-selector=spec.nodeName=" + sandbox.NodeName},
 			note: "a Table of a built-in type: forwarded by design, the agent has no kube-apiserver printers"},
 	} {
-		before, err := cacheOutcomes(ctx, agent)
+		before, err := cacheOutcomes(ctx, agent.Metrics)
 		if err != nil {
 			return err
 		}
@@ -173,7 +188,7 @@ func run(duration time.Duration, binDir string) error {
 		} else {
 			printIndented(string(out))
 		}
-		after, err := cacheOutcomes(ctx, agent)
+		after, err := cacheOutcomes(ctx, agent.Metrics)
 		if err != nil {
 			return err
 		}
@@ -181,14 +196,14 @@ func run(duration time.Duration, binDir string) error {
 	}
 
 	step("A watch-list informer, answered from the cache (podclient informers)")
-	before, err := cacheOutcomes(ctx, agent)
+	before, err := cacheOutcomes(ctx, agent.Metrics)
 	if err != nil {
 		return err
 	}
 	if err := runInformers(ctx, pod, bins.PodClient); err != nil {
 		return err
 	}
-	after, err := cacheOutcomes(ctx, agent)
+	after, err := cacheOutcomes(ctx, agent.Metrics)
 	if err != nil {
 		return err
 	}
@@ -345,10 +360,10 @@ func createNodeObjects(ctx context.Context, c *sandbox.Cluster, pod *sandbox.Pod
 // synced and reached want, the resourceVersion of the latest write of each
 // (the objects were written straight to kube-apiserver, so the agent's
 // read-your-writes barrier does not know of them).
-func waitCacheCaughtUp(ctx context.Context, agent *sandbox.Agent, want map[string]float64) error {
+func waitCacheCaughtUp(ctx context.Context, metrics func(context.Context) (string, error), want map[string]float64) error {
 	var last map[string]float64
 	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		text, err := agent.Metrics(ctx)
+		text, err := metrics(ctx)
 		if err != nil {
 			return false, err
 		}
@@ -472,10 +487,18 @@ func compareLatency(ctx context.Context, c *sandbox.Cluster, pod *sandbox.Pod, a
 	if !pool.AppendCertsFromPEM(ca) {
 		return fmt.Errorf("no certificate in the pod's ca.crt")
 	}
+	return measureLatency(ctx, pod.NetNS.DialContext, pool, pod.Token, c.APIServers()[0].URL, agent.Metrics)
+}
+
+// measureLatency sends sequential GETs of this node's pods with token,
+// dialled by dial, alternating between the Service VIP (the agent) and
+// directURL (a kube-apiserver), and prints their percentiles.
+func measureLatency(ctx context.Context, dial func(ctx context.Context, network, addr string) (net.Conn, error),
+	pool *x509.CertPool, token, directURL string, metrics func(context.Context) (string, error)) error {
 	// One keep-alive client per target, as client-go keeps one.
 	newClient := func() *http.Client {
 		return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-			DialContext: pod.NetNS.DialContext, TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true,
+			DialContext: dial, TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true,
 		}}
 	}
 	targets := []struct {
@@ -484,14 +507,14 @@ func compareLatency(ctx context.Context, c *sandbox.Cluster, pod *sandbox.Pod, a
 		hc   *http.Client
 	}{
 		{"via agent", fmt.Sprintf("https://%s:%d", sandbox.ServiceVIP, sandbox.ServicePort), newClient()},
-		{"direct", c.APIServers()[0].URL, newClient()},
+		{"direct", directURL, newClient()},
 	}
 	get := func(hc *http.Client, url string) (time.Duration, error) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 		if err != nil {
 			return 0, err
 		}
-		req.Header.Set("Authorization", "Bearer "+pod.Token)
+		req.Header.Set("Authorization", "Bearer "+token)
 		req.Header.Set("Accept", "application/json")
 		start := time.Now()
 		resp, err := hc.Do(req)
@@ -506,7 +529,7 @@ func compareLatency(ctx context.Context, c *sandbox.Cluster, pod *sandbox.Pod, a
 		}
 		return d, err
 	}
-	before, err := cacheOutcomes(ctx, agent)
+	before, err := cacheOutcomes(ctx, metrics)
 	if err != nil {
 		return err
 	}
@@ -538,7 +561,7 @@ func compareLatency(ctx context.Context, c *sandbox.Cluster, pod *sandbox.Pod, a
 		fmt.Printf("   %-22s %-20s %-20s %.1fx, %.1fx\n", mode.name,
 			ms(a50)+" / "+ms(a99), ms(d50)+" / "+ms(d99), float64(d50)/float64(a50), float64(d99)/float64(a99))
 	}
-	after, err := cacheOutcomes(ctx, agent)
+	after, err := cacheOutcomes(ctx, metrics)
 	if err != nil {
 		return err
 	}
@@ -616,8 +639,8 @@ func (k outcomeKey) String() string {
 }
 
 // cacheOutcomes reads kube_apicache_cache_requests_total from the agent.
-func cacheOutcomes(ctx context.Context, agent *sandbox.Agent) (map[outcomeKey]float64, error) {
-	text, err := agent.Metrics(ctx)
+func cacheOutcomes(ctx context.Context, metrics func(context.Context) (string, error)) (map[outcomeKey]float64, error) {
+	text, err := metrics(ctx)
 	if err != nil {
 		return nil, err
 	}
