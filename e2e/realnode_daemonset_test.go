@@ -76,9 +76,7 @@ func TestRealNodeDaemonSet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	testStart := time.Now()
-	sysctlsBefore := sandbox.ReadHostSysctls()
-	netnsBefore := listNetNS(t)
-	rootRulesBefore := rootIptables(t)
+	hostBefore := snapshotHost(t)
 
 	c, err := sandbox.Start(ctx, sandbox.Options{BinDir: realNodeBinDir(), APIServers: 1, RealNode: true, Logf: t.Logf})
 	if err != nil {
@@ -126,23 +124,7 @@ func TestRealNodeDaemonSet(t *testing.T) {
 	if err := c.Stop(); err != nil {
 		t.Errorf("stopping: %v", err)
 	}
-	if left := rn.Leftovers(); len(left) > 0 {
-		t.Errorf("left on the machine:\n%s", strings.Join(left, "\n"))
-	}
-	now := sandbox.ReadHostSysctls()
-	for k, v := range sysctlsBefore {
-		if now[k] != v {
-			t.Errorf("sysctl %s=%s, was %s", k, now[k], v)
-		}
-	}
-	for _, ns := range listNetNS(t) {
-		if !slices.Contains(netnsBefore, ns) {
-			t.Errorf("network namespace %s left", ns)
-		}
-	}
-	if now := rootIptables(t); now != rootRulesBefore {
-		t.Errorf("the root namespace's iptables changed:\nbefore:\n%s\nafter:\n%s", rootRulesBefore, now)
-	}
+	hostBefore.checkRestored(t, rn)
 	if !t.Failed() {
 		figuref(t, "whole scenario %s, teardown included; nothing left on the machine", time.Since(testStart).Round(time.Second))
 	}
@@ -520,21 +502,10 @@ func (s *dsScenario) runClient(t *testing.T, ctx context.Context, name string, a
 	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating pod %s: %v", name, err)
 	}
-	var last *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = p
-		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
-			return false, fmt.Errorf("pod %s ended: %s", name, p.Status.Phase)
-		}
-		return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", nil
-	})
+	last, err := s.c.WaitPodRunning(ctx, dsClientNS, name)
 	if err != nil {
 		b, _ := json.MarshalIndent(last, "", "  ")
-		t.Fatalf("pod %s not Running: %v\n%s", name, err, b)
+		t.Fatalf("%v\n%s", err, b)
 	}
 	return &nodePod{Pod: last, log: followPodLog(ctx, s.c, dsClientNS, name)}
 }

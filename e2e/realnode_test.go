@@ -61,9 +61,7 @@ func TestRealNode(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 
-	sysctlsBefore := sandbox.ReadHostSysctls()
-	netnsBefore := listNetNS(t)
-	rootRulesBefore := rootIptables(t)
+	hostBefore := snapshotHost(t)
 
 	c, err := sandbox.Start(ctx, sandbox.Options{BinDir: binDir, APIServers: 1, RealNode: true, Logf: t.Logf})
 	if err != nil {
@@ -140,23 +138,7 @@ func TestRealNode(t *testing.T) {
 		t.Errorf("stopping: %v", err)
 	}
 	figuref(t, "real node: teardown %s", time.Since(stopStart).Round(time.Millisecond))
-	if left := rn.Leftovers(); len(left) > 0 {
-		t.Errorf("left on the machine:\n%s", strings.Join(left, "\n"))
-	}
-	now := sandbox.ReadHostSysctls()
-	for k, v := range sysctlsBefore {
-		if now[k] != v {
-			t.Errorf("sysctl %s=%s, was %s", k, now[k], v)
-		}
-	}
-	for _, ns := range listNetNS(t) {
-		if !slices.Contains(netnsBefore, ns) {
-			t.Errorf("network namespace %s left", ns)
-		}
-	}
-	if now := rootIptables(t); now != rootRulesBefore {
-		t.Errorf("the root namespace's iptables changed:\nbefore:\n%s\nafter:\n%s", rootRulesBefore, now)
-	}
+	hostBefore.checkRestored(t, rn)
 	if os.Getenv("KUBE_APICACHE_KEEP_SANDBOX") == "" {
 		if _, err := os.Stat(c.Dir); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("sandbox dir %s left (%v)", c.Dir, err)
@@ -220,6 +202,41 @@ func getReadyzThroughVIP(ctx context.Context, c *sandbox.Cluster) error {
 		return fmt.Errorf("status %s", resp.Status)
 	}
 	return nil
+}
+
+// hostState is what a real node must leave on the machine as it found it.
+type hostState struct {
+	sysctls   map[string]string
+	netns     []string
+	rootRules string
+}
+
+func snapshotHost(t *testing.T) hostState {
+	t.Helper()
+	return hostState{sysctls: sandbox.ReadHostSysctls(), netns: listNetNS(t), rootRules: rootIptables(t)}
+}
+
+// checkRestored checks, after the sandbox stopped, that rn left nothing and
+// the machine is as it was before.
+func (before hostState) checkRestored(t *testing.T, rn *sandbox.RealNode) {
+	t.Helper()
+	if left := rn.Leftovers(); len(left) > 0 {
+		t.Errorf("left on the machine:\n%s", strings.Join(left, "\n"))
+	}
+	now := sandbox.ReadHostSysctls()
+	for k, v := range before.sysctls {
+		if now[k] != v {
+			t.Errorf("sysctl %s=%s, was %s", k, now[k], v)
+		}
+	}
+	for _, ns := range listNetNS(t) {
+		if !slices.Contains(before.netns, ns) {
+			t.Errorf("network namespace %s left", ns)
+		}
+	}
+	if rules := rootIptables(t); rules != before.rootRules {
+		t.Errorf("the root namespace's iptables changed:\nbefore:\n%s\nafter:\n%s", before.rootRules, rules)
+	}
 }
 
 func listNetNS(t *testing.T) []string {

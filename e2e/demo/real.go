@@ -336,20 +336,9 @@ func runRealClient(ctx context.Context, c *sandbox.Cluster, name string, args ..
 	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("creating pod %s: %w", name, err)
 	}
-	var last *corev1.Pod
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
-		p, err := pods.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		last = p
-		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
-			return false, fmt.Errorf("pod %s ended: %s", name, p.Status.Phase)
-		}
-		return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", nil
-	})
+	last, err := c.WaitPodRunning(ctx, demoNS, name)
 	if err != nil {
-		return nil, fmt.Errorf("pod %s not Running: %w (status %+v)", name, err, last.Status)
+		return nil, err
 	}
 	fmt.Printf("   pod %s/%s Running on %s at %s, %s after its creation\n", demoNS, name, last.Spec.NodeName, last.Status.PodIP,
 		time.Since(start).Round(time.Millisecond))

@@ -11,6 +11,11 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Deploying the shipped manifests onto a real node (StartRealNode), as the
@@ -102,4 +107,28 @@ func (c *Cluster) DaemonSetAgentMetrics(ctx context.Context) (string, error) {
 		err = fmt.Errorf("metrics: %s", resp.Status)
 	}
 	return string(b), err
+}
+
+// WaitPodRunning waits (up to a minute) until the pod runs and has an IP,
+// and returns it; a pod that ends first is an error.
+func (c *Cluster) WaitPodRunning(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
+	var last *corev1.Pod
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		p, err := c.Admin.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		last = p
+		if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+			return false, fmt.Errorf("pod %s/%s ended: %s", namespace, name, p.Status.Phase)
+		}
+		return p.Status.Phase == corev1.PodRunning && p.Status.PodIP != "", nil
+	})
+	if err != nil {
+		if last != nil {
+			return last, fmt.Errorf("pod %s/%s not Running: %w (status %+v)", namespace, name, err, last.Status)
+		}
+		return nil, fmt.Errorf("pod %s/%s not Running: %w", namespace, name, err)
+	}
+	return last, nil
 }
