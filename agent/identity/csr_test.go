@@ -1,6 +1,7 @@
 package identity
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -8,7 +9,10 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"math"
 	"math/big"
+	"net/netip"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,36 +23,62 @@ import (
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// signingClient is a fake clientset whose CSRs are approved and signed by
-// ca as they are created (the approver and kube-controller-manager in one),
-// keeping only the newest CSR so that a wait for it sees no other.
+// signingClient is a fake clientset that answers CSRs as they are created
+// (the approver and kube-controller-manager in one): by default approved
+// and signed by ca, or denied, or left pending. It keeps only the newest
+// CSR, so that a wait for it sees no other, and remembers every one sent.
 type signingClient struct {
 	*fake.Clientset
-	// deny makes every CSR denied instead.
-	deny atomic.Bool
+	ca *testCA
+	// mode is how new CSRs are answered.
+	mode atomic.Int32
+	// createErr makes every create fail.
+	createErr atomic.Bool
+	// creates counts create calls, failed ones included.
+	creates atomic.Int32
 
-	mu   sync.Mutex // protects the field below
+	mu   sync.Mutex // protects the fields below
 	csrs []*certificatesv1.CertificateSigningRequest
+	// issued holds the certificate signed for each CSR, by name.
+	issued map[string][]byte
 }
 
+const (
+	modeApprove int32 = iota
+	modeDeny
+	modePending
+)
+
+var csrResource = certificatesv1.SchemeGroupVersion.WithResource("certificatesigningrequests")
+
 func newSigningClient(t *testing.T, ca *testCA) *signingClient {
-	c := &signingClient{Clientset: fake.NewClientset()}
+	c := &signingClient{Clientset: fake.NewClientset(), ca: ca, issued: map[string][]byte{}}
 	c.PrependReactor("create", "certificatesigningrequests", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		c.creates.Add(1)
+		if c.createErr.Load() {
+			return true, nil, apierrors.NewServiceUnavailable("apiserver is down")
+		}
 		csr := action.(clienttesting.CreateAction).GetObject().(*certificatesv1.CertificateSigningRequest)
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		for _, old := range c.csrs {
-			_ = c.Tracker().Delete(certificatesv1.SchemeGroupVersion.WithResource("certificatesigningrequests"), "", old.Name)
+			_ = c.Tracker().Delete(csrResource, "", old.Name)
 		}
 		csr.Name = fmt.Sprintf("csr-%d", len(c.csrs)+1)
 		csr.UID = types.UID(csr.Name)
+		csr.CreationTimestamp = metav1.Now()
 		block, _ := pem.Decode(csr.Spec.Request)
 		req, err := x509.ParseCertificateRequest(block.Bytes)
 		if err != nil {
@@ -62,15 +92,17 @@ func newSigningClient(t *testing.T, ca *testCA) *signingClient {
 			NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(life),
 			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, req.PublicKey, ca.key)
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, c.ca.cert, req.PublicKey, c.ca.key)
 		if err != nil {
 			return true, nil, err
 		}
-		if c.deny.Load() {
+		c.issued[csr.Name] = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+		switch c.mode.Load() {
+		case modeDeny:
 			csr.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateDenied, Status: corev1.ConditionTrue, Reason: "WrongSubjectAltNames"}}
-		} else {
+		case modeApprove:
 			csr.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue}}
-			csr.Status.Certificate = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+			csr.Status.Certificate = c.issued[csr.Name]
 		}
 		c.csrs = append(c.csrs, csr.DeepCopy())
 		return false, nil, nil // the tracker stores the edited object
@@ -82,6 +114,59 @@ func (c *signingClient) sent() []*certificatesv1.CertificateSigningRequest {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.csrs)
+}
+
+// approve approves and issues the pending CSR name.
+func (c *signingClient) approve(t *testing.T, name string) {
+	t.Helper()
+	// The tracker stores a CSR just after the create reactor counted it.
+	var obj runtime.Object
+	waitFor(t, "CSR "+name+" to be stored", func() bool {
+		var err error
+		obj, err = c.Tracker().Get(csrResource, "", name)
+		return err == nil
+	})
+	csr := obj.(*certificatesv1.CertificateSigningRequest).DeepCopy()
+	c.mu.Lock()
+	csr.Status.Certificate = c.issued[name]
+	c.mu.Unlock()
+	csr.Status.Conditions = []certificatesv1.CertificateSigningRequestCondition{{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue}}
+	if err := c.Tracker().Update(csrResource, csr, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fastSource returns a CSR source for node-a with a short backoff, a
+// ten-minute lifetime and, if dir is not empty, that state directory.
+func fastSource(t *testing.T, client kubernetes.Interface, caFile, dir string, sans SANs) *CSRSource {
+	t.Helper()
+	s, err := NewCSRSource(Options{NodeName: "node-a", SANs: sans, CAFile: caFile, StateDir: dir}, 10*time.Minute,
+		func() (kubernetes.Interface, error) { return client, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.backoff = wait.Backoff{Duration: 20 * time.Millisecond, Factor: 2, Steps: math.MaxInt32, Cap: 80 * time.Millisecond}
+	return s
+}
+
+// run runs s until the returned function is called, which waits for Run
+// to return.
+func run(s *CSRSource) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.Run(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+// counter returns the value of s's renewals counter for result.
+func counter(s *CSRSource, result string) float64 {
+	return testutil.ToFloat64(s.renewals.WithLabelValues(result))
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -173,27 +258,277 @@ func TestNewCSRSourceErrors(t *testing.T) {
 	}
 }
 
-// TestCSRSourceDenied: while every CSR is denied, the source stays not
-// ready and says that requests failed; it serves nothing.
-func TestCSRSourceDenied(t *testing.T) {
+// caBundle returns a test CA and a file holding its certificate, as the
+// pods' CA bundle.
+func caBundle(t *testing.T) (*testCA, string) {
+	t.Helper()
 	ca := newTestCA(t, "cluster-ca")
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	writeFile(t, caFile, ca.pem)
+	return ca, caFile
+}
+
+// TestRequestBackoff: the agents' backoff doubles from 2s and stays at 15m.
+func TestRequestBackoff(t *testing.T) {
+	b := RequestBackoff
+	b.Jitter = 0
+	var got []time.Duration
+	for range 12 {
+		got = append(got, b.Step())
+	}
+	want := []time.Duration{2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, 64 * time.Second,
+		128 * time.Second, 256 * time.Second, 512 * time.Second, 15 * time.Minute, 15 * time.Minute, 15 * time.Minute}
+	if !slices.Equal(got, want) {
+		t.Errorf("backoff steps %v, want %v", got, want)
+	}
+}
+
+// TestCSRSourceDenied: a denial is final. Given an approver that denies
+// every request, the source sends one CSR, says why on Ready and in its
+// metrics, and sends no other while its backoff would have retried many
+// times. Renew (SIGHUP) clears the denial and sends exactly one more.
+func TestCSRSourceDenied(t *testing.T) {
+	ca, caFile := caBundle(t)
 	client := newSigningClient(t, ca)
-	client.deny.Store(true)
-	s, err := NewCSRSource(Options{NodeName: "node-a", SANs: testSANs(), CAFile: caFile}, time.Hour,
+	client.mode.Store(modeDeny)
+	s := fastSource(t, client, caFile, "", testSANs())
+	stop := run(s)
+	defer stop()
+	waitFor(t, "the denial", func() bool {
+		err := s.Ready()
+		return err != nil && strings.Contains(err.Error(), "CertificateSigningRequest csr-1 was denied (WrongSubjectAltNames")
+	})
+	time.Sleep(500 * time.Millisecond) // more than six backoff periods
+	if n := client.creates.Load(); n != 1 {
+		t.Errorf("sent %d CSRs after a denial, want 1", n)
+	}
+	if got := counter(s, "denied"); got != 1 {
+		t.Errorf("denied counter %v, want 1", got)
+	}
+	if s.Current() != nil {
+		t.Errorf("a denied request produced a certificate")
+	}
+
+	s.Renew()
+	waitFor(t, "the second denial", func() bool { return counter(s, "denied") == 2 })
+	time.Sleep(300 * time.Millisecond)
+	if n := client.creates.Load(); n != 2 {
+		t.Errorf("sent %d CSRs after Renew, want 2", n)
+	}
+}
+
+// TestCSRSourceBackoff: while CSRs cannot be created, attempts are spaced
+// by the exponential backoff up to its cap and Ready counts the failures;
+// once creation works, the certificate is issued.
+func TestCSRSourceBackoff(t *testing.T) {
+	ca, caFile := caBundle(t)
+	client := newSigningClient(t, ca)
+	client.createErr.Store(true)
+	var mu sync.Mutex
+	var times []time.Time
+	client.PrependReactor("create", "certificatesigningrequests", func(clienttesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		times = append(times, time.Now())
+		mu.Unlock()
+		return false, nil, nil
+	})
+	s := fastSource(t, client, caFile, "", testSANs())
+	stop := run(s)
+	defer stop()
+	waitFor(t, "seven attempts", func() bool { return client.creates.Load() >= 7 })
+	if err := s.Ready(); err == nil || !strings.Contains(err.Error(), "request(s) failed so far") {
+		t.Errorf("Ready = %v, want the failures counted", err)
+	}
+	client.createErr.Store(false)
+	waitFor(t, "the certificate", func() bool { return s.Ready() == nil })
+
+	mu.Lock()
+	defer mu.Unlock()
+	// Timers never fire early: each gap is at least its backoff step
+	// (20ms doubling to the 80ms cap). Uncapped, the sixth would be 640ms.
+	want := []time.Duration{20, 40, 80, 80, 80, 80}
+	for i, w := range want {
+		gap := times[i+1].Sub(times[i])
+		if gap < w*time.Millisecond-time.Millisecond {
+			t.Errorf("gap %d = %v, want at least %dms", i+1, gap, w)
+		}
+		if i == 5 && gap >= 640*time.Millisecond {
+			t.Errorf("gap %d = %v: the backoff is not capped", i+1, gap)
+		}
+	}
+	if got := counter(s, "failed"); got < 6 {
+		t.Errorf("failed counter %v, want at least 6", got)
+	}
+	if got := counter(s, "issued"); got != 1 {
+		t.Errorf("issued counter %v, want 1", got)
+	}
+}
+
+// TestCSRSourceReuse: with a state directory, a restarted source (the next
+// container in the pod) serves the saved certificate without a CSR; the
+// saved file is 0600. A source whose clock is past 90% of the
+// certificate's lifetime, or with other SANs, does not reuse it and sends
+// a CSR.
+func TestCSRSourceReuse(t *testing.T) {
+	ca, caFile := caBundle(t)
+	client := newSigningClient(t, ca)
+	dir := t.TempDir()
+	sans := testSANs()
+
+	s1 := fastSource(t, client, caFile, dir, sans)
+	stop := run(s1)
+	waitFor(t, "the first certificate", func() bool { return s1.Ready() == nil })
+	first := s1.Current().Leaf
+	stop()
+	info, err := os.Stat(filepath.Join(dir, stateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Mode().Perm() != 0o600 {
+		t.Errorf("state file mode %v, want 0600", info.Mode().Perm())
+	}
+
+	s2 := fastSource(t, client, caFile, dir, sans)
+	stop = run(s2)
+	waitFor(t, "the reused certificate", func() bool { return s2.Ready() == nil })
+	if got := s2.Current().Leaf.SerialNumber; got.Cmp(first.SerialNumber) != 0 {
+		t.Errorf("restarted source serves serial %s, want the saved %s", got, first.SerialNumber)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := client.creates.Load(); n != 1 {
+		t.Errorf("sent %d CSRs across a restart, want 1", n)
+	}
+	if got := counter(s2, "reused"); got != 1 {
+		t.Errorf("reused counter %v, want 1", got)
+	}
+	stop()
+
+	late := fastSource(t, client, caFile, dir, sans)
+	// 10m lifetime, backdated 1m: at +9.5m 30s of 11m are left.
+	late.opts.Now = func() time.Time { return time.Now().Add(9*time.Minute + 30*time.Second) }
+	stop = run(late)
+	waitFor(t, "a new certificate near expiry", func() bool { return client.creates.Load() == 2 && late.Ready() == nil })
+	if got := counter(late, "reused"); got != 0 {
+		t.Errorf("reused a certificate with 30s left")
+	}
+	stop()
+
+	other := ServingSANs([]netip.Addr{netip.MustParseAddr("10.96.0.1")}, []netip.Addr{netip.MustParseAddr("169.254.25.10")}, "example.org")
+	s3 := fastSource(t, client, caFile, dir, other)
+	stop = run(s3)
+	waitFor(t, "a certificate for the new names", func() bool { return client.creates.Load() == 3 && s3.Ready() == nil })
+	if got := counter(s3, "reused"); got != 0 {
+		t.Errorf("reused a certificate for other names")
+	}
+	stop()
+}
+
+// TestCSRSourceResumesPending: a source restarted while its CSR is pending
+// waits for that CSR instead of sending a second one, and serves the
+// certificate issued for it with the key the first process generated.
+func TestCSRSourceResumesPending(t *testing.T) {
+	ca, caFile := caBundle(t)
+	client := newSigningClient(t, ca)
+	client.mode.Store(modePending)
+	dir := t.TempDir()
+
+	s1 := fastSource(t, client, caFile, dir, testSANs())
+	stop := run(s1)
+	waitFor(t, "the pending CSR", func() bool {
+		err := s1.Ready()
+		return err != nil && strings.Contains(err.Error(), "(csr-1)")
+	})
+	stop()
+
+	s2 := fastSource(t, client, caFile, dir, testSANs())
+	stop = run(s2)
+	defer stop()
+	time.Sleep(200 * time.Millisecond)
+	if n := client.creates.Load(); n != 1 {
+		t.Fatalf("sent %d CSRs across a restart with a pending one, want 1", n)
+	}
+	client.approve(t, "csr-1")
+	waitFor(t, "the certificate of the resumed CSR", func() bool { return s2.Ready() == nil })
+	if n := client.creates.Load(); n != 1 {
+		t.Errorf("sent %d CSRs, want 1", n)
+	}
+}
+
+// TestCSRSourcePendingTimeout: a CSR nobody answers within the pending
+// timeout is given up and, after the backoff, replaced by one with a new
+// key; a CSR deleted while pending is replaced too. One CSR at a time.
+func TestCSRSourcePendingTimeout(t *testing.T) {
+	ca, caFile := caBundle(t)
+	client := newSigningClient(t, ca)
+	client.mode.Store(modePending)
+	s := fastSource(t, client, caFile, "", testSANs())
+	s.pendingTimeout = 300 * time.Millisecond
+	start := time.Now()
+	stop := run(s)
+	defer func() { stop() }()
+	waitFor(t, "the replacement", func() bool { return client.creates.Load() == 2 })
+	if d := time.Since(start); d < 300*time.Millisecond {
+		t.Errorf("replaced the pending CSR after %v, before the 300ms timeout", d)
+	}
+	sent := client.sent()
+	if bytes.Equal(sent[0].Spec.Request, sent[1].Spec.Request) {
+		t.Errorf("the replacement reused the request")
+	}
+	if got := counter(s, "failed"); got < 1 {
+		t.Errorf("failed counter %v, want the timeout counted", got)
+	}
+
+	stop()
+
+	client = newSigningClient(t, ca)
+	client.mode.Store(modePending)
+	s = fastSource(t, client, caFile, "", testSANs())
+	stop = run(s)
+	waitFor(t, "the first CSR", func() bool { return client.creates.Load() == 1 })
+	if err := client.Tracker().Delete(csrResource, "", "csr-1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the CSR after the deletion", func() bool { return client.creates.Load() == 2 })
+	client.approve(t, "csr-2")
+	waitFor(t, "the certificate", func() bool { return s.Ready() == nil })
+}
+
+// TestCSRSourceDenialRemembered: a denial saved in the state directory
+// holds across a restart with the same configuration (no CSR is sent), and
+// is forgotten when the request changes (another lifetime).
+func TestCSRSourceDenialRemembered(t *testing.T) {
+	ca, caFile := caBundle(t)
+	client := newSigningClient(t, ca)
+	client.mode.Store(modeDeny)
+	dir := t.TempDir()
+
+	s1 := fastSource(t, client, caFile, dir, testSANs())
+	stop := run(s1)
+	waitFor(t, "the denial", func() bool { return counter(s1, "denied") == 1 })
+	stop()
+
+	s2 := fastSource(t, client, caFile, dir, testSANs())
+	stop = run(s2)
+	waitFor(t, "the remembered denial", func() bool {
+		err := s2.Ready()
+		return err != nil && strings.Contains(err.Error(), "csr-1 was denied")
+	})
+	time.Sleep(200 * time.Millisecond)
+	if n := client.creates.Load(); n != 1 {
+		t.Errorf("sent %d CSRs after a restart with a denial, want 1", n)
+	}
+	stop()
+
+	client.mode.Store(modeApprove)
+	s3, err := NewCSRSource(Options{NodeName: "node-a", SANs: testSANs(), CAFile: caFile, StateDir: dir}, 20*time.Minute,
 		func() (kubernetes.Interface, error) { return client, nil })
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go s.Run(ctx)
-	waitFor(t, "a failed request", func() bool {
-		err := s.Ready()
-		return err != nil && strings.Contains(err.Error(), "1 request(s) failed so far")
-	})
-	if s.Current() != nil {
-		t.Errorf("a denied request produced a certificate")
+	stop = run(s3)
+	defer stop()
+	waitFor(t, "a certificate for the new lifetime", func() bool { return s3.Ready() == nil })
+	if n := client.creates.Load(); n != 2 {
+		t.Errorf("sent %d CSRs, want 2", n)
 	}
 }

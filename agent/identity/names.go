@@ -1,6 +1,7 @@
 // Package identity gives the agent the serving certificate pods accept in
 // place of kube-apiserver's: obtained through the CertificateSigningRequest
-// API (key generated and kept in memory, rotated before expiry) or read from
+// API (key generated in memory, optionally kept in a memory-backed volume
+// for the next container, rotated before expiry) or read from
 // files an operator provides, and in both cases trusted for interception only
 // while it verifies against the pods' CA bundle for every name and IP they
 // dial.

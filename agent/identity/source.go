@@ -39,6 +39,11 @@ type Options struct {
 	CAFile string
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// StateDir, for the CSR source only, is a directory (a memory-backed
+	// volume) where the key, certificate, pending request and last denial
+	// are kept for the next process in the same pod. Empty keeps them in
+	// this process's memory only.
+	StateDir string
 }
 
 func (o *Options) now() func() time.Time {

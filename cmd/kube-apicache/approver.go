@@ -1,20 +1,27 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent"
@@ -31,7 +38,31 @@ type approverOptions struct {
 	clusterDomain  string
 	workers        int
 	maxLifetime    time.Duration
+	maxCSRAge      time.Duration
+	qps            float32
+	burst          int
+	metricsAddress string
+	leaderElect    bool
+	leader         approver.LeaderElection
 }
+
+// Fleet-sized defaults. A rollout to 5,000 nodes approved within two
+// minutes needs 5,000 / 120s ≈ 42 approvals/s, each one UPDATE of
+// /approval (the informer's list and watch are a few requests in all):
+// 100 QPS with a burst of 200 approves 5,000 in about 50s, leaving room
+// for denials and conflicts. Each worker waits one round trip per
+// decision; 10 keep 100/s going at up to 100ms per update.
+const (
+	defaultApproverQPS     = 100
+	defaultApproverBurst   = 200
+	defaultApproverWorkers = 10
+	// defaultApproverMetricsAddress serves /metrics, /healthz and /readyz
+	// on the pod's network for the kubelet's probes and a scraper.
+	defaultApproverMetricsAddress = ":10446"
+	// inClusterNamespaceFile names the pod's namespace, the Lease's
+	// default namespace.
+	inClusterNamespaceFile = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+)
 
 func newApproverCommand() *cobra.Command {
 	o := &approverOptions{}
@@ -63,7 +94,7 @@ Service's names or IPs; it leaves all other CSRs alone.`,
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
 			defer stop()
 			ctx = klog.NewContext(ctx, klog.Background().WithName("approver"))
-			return approver.NewController(client, policy).Run(ctx, o.workers)
+			return o.run(ctx, cfg, client, policy)
 		},
 	}
 	fs := cmd.Flags()
@@ -73,9 +104,79 @@ Service's names or IPs; it leaves all other CSRs alone.`,
 	fs.StringVar(&o.listenAddress, "listen-address", agent.DefaultListenAddress, "The agents' --listen-address; its IP is in their certificates when a --service-vip is IPv4.")
 	fs.StringVar(&o.listenIPv6, "listen-address-ipv6", agent.DefaultListenAddressIPv6, "The agents' --listen-address-ipv6; its IP is in their certificates when a --service-vip is IPv6.")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, as the agents are given it.")
-	fs.IntVar(&o.workers, "workers", 2, "CSRs decided in parallel.")
+	fs.IntVar(&o.workers, "workers", defaultApproverWorkers, "CSRs decided in parallel.")
 	fs.DurationVar(&o.maxLifetime, "max-certificate-lifetime", 7*24*time.Hour, "Longest lifetime (spec.expirationSeconds) an agent CSR may ask for; CSRs without one are denied. Must be at least the agents' --certificate-lifetime.")
+	fs.DurationVar(&o.maxCSRAge, "max-csr-age", identity.PendingCSRTimeout, "Pending CSRs older than this are left undecided: the agents give up on a CSR after this long and send another. 0: no limit.")
+	fs.Float32Var(&o.qps, "kube-api-qps", defaultApproverQPS, "Requests per second to kube-apiserver (one per decision).")
+	fs.IntVar(&o.burst, "kube-api-burst", defaultApproverBurst, "Burst of requests to kube-apiserver.")
+	fs.StringVar(&o.metricsAddress, "metrics-bind-address", defaultApproverMetricsAddress, "host:port for plain-HTTP /metrics, /healthz and /readyz; empty disables.")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Decide CSRs only while holding the approver's Lease, so replicas can stand by.")
+	fs.StringVar(&o.leader.Namespace, "leader-elect-resource-namespace", "", "Namespace of the Lease; empty: the pod's own namespace (kube-apicache outside a pod).")
+	fs.StringVar(&o.leader.Name, "leader-elect-resource-name", "kube-apicache-approver", "Name of the Lease.")
+	fs.DurationVar(&o.leader.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "How long standbys wait after the leader's last renewal before taking over.")
+	fs.DurationVar(&o.leader.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "How long the leader retries a renewal before it steps down; less than the lease duration.")
+	fs.DurationVar(&o.leader.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "How often candidates try to acquire or renew the Lease.")
 	return cmd
+}
+
+// run serves the probes and metrics and decides CSRs, as the leader if
+// leader election is on.
+func (o *approverOptions) run(ctx context.Context, cfg *rest.Config, client kubernetes.Interface, policy *approver.Policy) error {
+	logger := klog.FromContext(ctx)
+	metrics := approver.NewMetrics()
+	ctrl := approver.NewController(client, policy, approver.ControllerOptions{MaxAge: o.maxCSRAge, Metrics: metrics})
+	var leading atomic.Bool
+	lead := func(ctx context.Context) {
+		leading.Store(true)
+		defer leading.Store(false)
+		if err := ctrl.Run(ctx, o.workers); err != nil && ctx.Err() == nil {
+			logger.Error(err, "Approver stopped")
+		}
+	}
+	// A standby is ready; the leader once its informer has synced.
+	readyz := func(*http.Request) error {
+		if leading.Load() && !ctrl.Synced() {
+			return errors.New("leading, CertificateSigningRequest informer not synced yet")
+		}
+		return nil
+	}
+	health := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
+	if o.metricsAddress != "" {
+		ln, err := net.Listen("tcp", o.metricsAddress)
+		if err != nil {
+			return fmt.Errorf("--metrics-bind-address: %w", err)
+		}
+		srv := &http.Server{Handler: metrics.Handler(health.Check, readyz), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+	}
+	if !o.leaderElect {
+		lead(ctx)
+		return nil
+	}
+	le := o.leader
+	if le.Namespace == "" {
+		le.Namespace = "kube-apicache"
+		if b, err := os.ReadFile(inClusterNamespaceFile); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+			le.Namespace = strings.TrimSpace(string(b))
+		}
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return err
+	}
+	le.Identity = host + "_" + string(uuid.NewUUID())
+	// Lease renewals get a client and a rate limiter of their own, so a
+	// burst of decisions cannot make the leader miss its renewals.
+	leCfg := rest.CopyConfig(cfg)
+	leCfg.QPS, leCfg.Burst = 5, 10
+	leCfg.Timeout = le.RenewDeadline / 2
+	leCfg.UserAgent += "/leader-election"
+	leClient, err := kubernetes.NewForConfig(leCfg)
+	if err != nil {
+		return err
+	}
+	return approver.RunAsLeader(ctx, leClient, le, metrics, health, lead)
 }
 
 // policy turns the flags into the approval policy.
@@ -125,6 +226,15 @@ func (o *approverOptions) policy() (*approver.Policy, error) {
 	if o.maxLifetime < 10*time.Minute {
 		return nil, fmt.Errorf("--max-certificate-lifetime must be at least 10m, the signer's minimum")
 	}
+	if o.maxCSRAge < 0 {
+		return nil, fmt.Errorf("--max-csr-age must not be negative")
+	}
+	if o.qps <= 0 || o.burst < 1 {
+		return nil, fmt.Errorf("--kube-api-qps must be positive and --kube-api-burst at least 1")
+	}
+	if o.leaderElect && (o.leader.RetryPeriod <= 0 || o.leader.RenewDeadline <= o.leader.RetryPeriod || o.leader.LeaseDuration <= o.leader.RenewDeadline) {
+		return nil, fmt.Errorf("leader election needs 0 < --leader-elect-retry-period < --leader-elect-renew-deadline < --leader-elect-lease-duration")
+	}
 	return &approver.Policy{
 		AgentUser:   "system:serviceaccount:" + ns + ":" + name,
 		SANs:        identity.ServingSANs(vips, listenIPs, o.clusterDomain),
@@ -144,5 +254,6 @@ func (o *approverOptions) restConfig() (*rest.Config, error) {
 		return nil, fmt.Errorf("client configuration: %w", err)
 	}
 	cfg.UserAgent = "kube-apicache-approver"
+	cfg.QPS, cfg.Burst = o.qps, o.burst
 	return cfg, nil
 }
