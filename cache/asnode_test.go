@@ -56,12 +56,13 @@ func TestWatchIdentity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, r := range c.resources {
+		for _, res := range c.resources {
+			r := newInformer(res)
 			// What resolve would find.
 			gv := schema.GroupVersion{Group: r.spec.Group, Version: "v1"}
 			kind := map[string]string{"pods": "Pod", "nodes": "Node", "services": "Service", "endpointslices": "EndpointSlice"}[r.spec.Resource]
 			r.gvr, r.gvk, r.builtin = gv.WithResource(r.spec.Resource), gv.WithKind(kind), true
-			lw, _, err := r.listerWatcher(c.watchConfig(r))
+			lw, _, err := r.listerWatcher(c.watchConfig(res))
 			if err != nil {
 				t.Fatal(err)
 			}

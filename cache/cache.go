@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/clock"
 
 	"github.com/kube-apicache/kube-apicache/cache/access"
 )
@@ -34,6 +35,8 @@ type Cache struct {
 	crds    *crdIndex
 	metrics *metrics
 	now     func() time.Time
+	// clock times informers' idleness (ondemand.go).
+	clock clock.Clock
 	// observing is the bytes of write answers being read (write.go).
 	observing atomic.Int64
 	// sources bounds each source's requests in the cache's hands.
@@ -54,11 +57,22 @@ func New(cfg Config) (*Cache, error) {
 	if cfg.MaxInFlightPerSource == 0 {
 		cfg.MaxInFlightPerSource = DefaultMaxInFlightPerSource
 	}
-	c := &Cache{cfg: cfg, byGR: map[schema.GroupResource]*resource{}, now: time.Now, crds: newCRDIndex(cfg.Resources),
-		sources: newSourceLimiter(cfg.MaxInFlightPerSource)}
+	if cfg.IdleTimeout < 0 {
+		return nil, errors.New("cache: the idle timeout must not be negative")
+	}
+	if err := CheckPinned(cfg.Pinned, cfg.Resources); err != nil {
+		return nil, err
+	}
+	c := &Cache{cfg: cfg, byGR: map[schema.GroupResource]*resource{}, now: time.Now, clock: clock.RealClock{},
+		crds: newCRDIndex(cfg.Resources), sources: newSourceLimiter(cfg.MaxInFlightPerSource)}
+	pinned := map[schema.GroupResource]bool{}
+	for _, p := range cfg.Pinned {
+		pinned[p.GroupResource()] = true
+	}
 	for _, spec := range cfg.Resources {
 		r := newResource(spec, cfg.NodeName)
 		r.crds = c.crds
+		r.pinned = pinned[spec.GroupResource()]
 		c.resources = append(c.resources, r)
 		c.byGR[spec.GroupResource()] = r
 	}
@@ -71,7 +85,10 @@ func New(cfg Config) (*Cache, error) {
 	return c, nil
 }
 
-// Run resolves and watches every resource until ctx ends.
+// Run resolves and watches the resources until ctx ends: each pinned
+// resource (every resource, without OnDemand) from the start, the others
+// while they are read (ondemand.go). It returns once every informer has
+// stopped.
 func (c *Cache) Run(ctx context.Context) {
 	dc, err := discovery.NewDiscoveryClientForConfig(c.cfg.RESTConfig)
 	if err != nil {
@@ -79,11 +96,8 @@ func (c *Cache) Run(ctx context.Context) {
 		return
 	}
 	var wg sync.WaitGroup
-	if c.crds != nil {
-		wg.Go(func() { c.crds.run(ctx, c.cfg.RESTConfig) })
-	}
 	for _, r := range c.resources {
-		wg.Go(func() { r.run(ctx, c.watchConfig(r), dc, nil) })
+		wg.Go(func() { c.manage(ctx, r, dc) })
 	}
 	wg.Wait()
 }
@@ -92,34 +106,59 @@ func (c *Cache) Run(ctx context.Context) {
 func (c *Cache) Resources() []ResourceState {
 	out := make([]ResourceState, 0, len(c.resources))
 	for _, r := range c.resources {
-		out = append(out, r.state())
+		out = append(out, c.state(r))
 	}
 	return out
 }
 
 // ResourceState is one resource's cache state.
 type ResourceState struct {
-	Resource        string
+	Resource string
+	// State is StateIdle, StateStarting or StateSynced.
+	State string
+	// Pinned: the informer always runs.
+	Pinned          bool
 	Synced          bool
 	Healthy         bool
 	Objects         int
 	ResourceVersion uint64
 }
 
-func (r *resource) state() ResourceState {
-	s := ResourceState{Resource: r.label}
-	if r.ready.Load() {
-		s.Synced = r.store.Synced()
-		s.Healthy = r.healthy()
-		s.Objects = r.store.Len()
-		s.ResourceVersion = r.store.ResourceVersion()
+func (c *Cache) state(r *resource) ResourceState {
+	st, inf := r.informerState()
+	s := ResourceState{Resource: r.label, State: st, Pinned: r.pinned || !c.cfg.OnDemand}
+	if inf != nil && inf.ready.Load() {
+		s.Synced = inf.store.Synced()
+		s.Healthy = inf.healthy()
+		s.Objects = inf.store.Len()
+		s.ResourceVersion = inf.store.ResourceVersion()
 	}
 	return s
 }
 
-// lookup returns the resource serving gvr, once it is resolved.
-func (c *Cache) lookup(gvr schema.GroupVersionResource) *resource {
-	r := c.byGR[gvr.GroupResource()]
+// Informers returns how many informers run, each holding one list or
+// watch open upstream: those of resources not idle, and the watch of
+// CustomResourceDefinitions while a custom resource's informer runs.
+func (c *Cache) Informers() int {
+	n := 0
+	for _, r := range c.resources {
+		if r.current.Load() != nil {
+			n++
+		}
+	}
+	if c.crds != nil && c.crds.running() {
+		n++
+	}
+	return n
+}
+
+// lookup returns the informer serving gvr, once it is resolved.
+func (c *Cache) lookup(gvr schema.GroupVersionResource) *informer {
+	e := c.byGR[gvr.GroupResource()]
+	if e == nil {
+		return nil
+	}
+	r := e.current.Load()
 	if r == nil || !r.ready.Load() || r.gvr != gvr {
 		return nil
 	}
@@ -171,6 +210,13 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 		res := c.cfg.Reviewer.Review(r, info)
 		switch res.Verdict {
 		case access.Allowed:
+			if p.idle != nil {
+				// The read would be answered once the resource's
+				// informer has synced; an allowed caller starts it.
+				c.wake(p.idle)
+				fwd(reasonIdle)
+				return
+			}
 			r = r.WithContext(access.WithResult(r.Context(), res))
 		case access.Denied:
 			r = r.WithContext(access.WithResult(r.Context(), res))
@@ -187,6 +233,8 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 			return
 		}
 		if reason := c.await(r.Context(), p); reason != "" {
+			// Answered once the cache catches up: the informer is in use.
+			c.touch(p.res.resource)
 			fwd(reason)
 			return
 		}
@@ -203,6 +251,7 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 				return
 			}
 		}
+		c.touch(p.res.resource)
 		c.metrics.outcome(info, "hit", "")
 		p.upstream = forward
 		release()
@@ -250,6 +299,10 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
 	defer cancel()
 	if err := p.res.store.WaitForResourceVersion(ctx, want); err != nil {
+		if errors.Is(err, ErrStoreClosed) {
+			// The informer stopped meanwhile.
+			return reasonNotSynced
+		}
 		if p.mode == rvConsistent {
 			return reasonBarrier
 		}
@@ -333,7 +386,7 @@ func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
 
 // encodingFailed answers 500 for an object the cache could not encode; it
 // is a bug, never expected.
-func (c *Cache) encodingFailed(w http.ResponseWriter, r *http.Request, res *resource, err error) {
+func (c *Cache) encodingFailed(w http.ResponseWriter, r *http.Request, res *informer, err error) {
 	klog.FromContext(r.Context()).Error(err, "Encoding cached objects failed", "resource", res.label)
 	w.Header().Del("Content-Type")
 	writeStatus(w, r, apierrors.NewInternalError(err))

@@ -63,7 +63,12 @@ const (
 // plan is what the cache will do for one request, decided before any
 // review.
 type plan struct {
-	res       *resource
+	// res is the informer that answers; nil for an idle plan.
+	res *informer
+	// idle is set instead of res for a read the cache would answer once
+	// this idle resource's informer has synced (ondemand.go); only the
+	// access review runs for it.
+	idle      *resource
 	verb      string // get or list
 	namespace string
 	name      string
@@ -131,15 +136,19 @@ func (c *Cache) classify(r *http.Request, info *request.RequestInfo) (*plan, str
 	if info.Subresource != "" {
 		return nil, reasonSubresource
 	}
-	if c.byGR[schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}] == nil {
+	configured := c.byGR[schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}]
+	if configured == nil {
 		return nil, reasonNotCached
 	}
 	res := c.lookup(schema.GroupVersionResource{Group: info.APIGroup, Version: info.APIVersion, Resource: info.Resource})
-	if res == nil && c.byGR[schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}].ready.Load() {
+	if cur := configured.current.Load(); res == nil && cur != nil && cur.ready.Load() {
 		// Cached, but at another version: kube-apiserver converts.
 		return nil, reasonVersion
 	}
 	if res == nil || !res.store.Synced() {
+		if c.cfg.OnDemand && configured.current.Load() == nil && c.wouldServe(r, info, configured) {
+			return &plan{idle: configured, verb: info.Verb}, ""
+		}
 		return nil, reasonNotSynced
 	}
 	for k := range r.Header {

@@ -23,6 +23,10 @@ const DefaultResources = "pods,nodes,services,endpointslices.discovery.k8s.io,na
 // no single pod can take the cache's whole in-flight budget.
 const DefaultMaxInFlightPerSource = 100
 
+// DefaultIdleTimeout is the default Config.IdleTimeout: how long an
+// informer started on demand runs without a read before it stops.
+const DefaultIdleTimeout = 10 * time.Minute
+
 // DefaultWaitTimeout bounds how long a read waits for the cache to reach the
 // resourceVersion it needs before it is forwarded instead.
 const DefaultWaitTimeout = time.Second
@@ -56,6 +60,37 @@ func (s ResourceSpec) String() string {
 // entries, for example "pods,endpointslices.discovery.k8s.io,widgets.example.com/v1".
 // pods and nodes are always scoped to this node.
 func ParseResources(s string) ([]ResourceSpec, error) {
+	return parseResources("--cache-resources", s)
+}
+
+// ParsePinned parses --cache-pinned-resources, in the syntax of
+// ParseResources, and checks that every entry is one of resources.
+func ParsePinned(s string, resources []ResourceSpec) ([]ResourceSpec, error) {
+	pinned, err := parseResources("--cache-pinned-resources", s)
+	if err != nil {
+		return nil, err
+	}
+	return pinned, CheckPinned(pinned, resources)
+}
+
+// CheckPinned returns an error unless every pinned resource is one of
+// resources (with the same version, if the pinned entry names one).
+func CheckPinned(pinned, resources []ResourceSpec) error {
+	for _, p := range pinned {
+		found := false
+		for _, r := range resources {
+			if r.GroupResource() == p.GroupResource() && (p.Version == "" || p.Version == r.Version) {
+				found = true
+			}
+		}
+		if !found {
+			return fmt.Errorf("--cache-pinned-resources lists %s, which --cache-resources does not", p)
+		}
+	}
+	return nil
+}
+
+func parseResources(flag, s string) ([]ResourceSpec, error) {
 	var out []ResourceSpec
 	seen := map[schema.GroupResource]bool{}
 	for _, entry := range strings.Split(s, ",") {
@@ -67,24 +102,24 @@ func ParseResources(s string) ([]ResourceSpec, error) {
 		gr, version, hasVersion := strings.Cut(entry, "/")
 		if hasVersion {
 			if errs := validation.IsDNS1035Label(version); len(errs) > 0 {
-				return nil, fmt.Errorf("--cache-resources entry %q: version %q is not valid", entry, version)
+				return nil, fmt.Errorf("%s entry %q: version %q is not valid", flag, entry, version)
 			}
 			spec.Version = version
 		}
 		spec.Resource, spec.Group, _ = strings.Cut(gr, ".")
 		if errs := validation.IsDNS1123Label(spec.Resource); len(errs) > 0 || strings.ToLower(spec.Resource) != spec.Resource {
-			return nil, fmt.Errorf("--cache-resources entry %q: resource %q must be a lower-case plural resource name", entry, spec.Resource)
+			return nil, fmt.Errorf("%s entry %q: resource %q must be a lower-case plural resource name", flag, entry, spec.Resource)
 		}
 		if spec.Group != "" {
 			if errs := validation.IsDNS1123Subdomain(spec.Group); len(errs) > 0 {
-				return nil, fmt.Errorf("--cache-resources entry %q: group %q is not valid", entry, spec.Group)
+				return nil, fmt.Errorf("%s entry %q: group %q is not valid", flag, entry, spec.Group)
 			}
 		}
 		if spec.Group == "" && (spec.Resource == "pods" || spec.Resource == "nodes") && spec.Version != "" && spec.Version != "v1" {
-			return nil, fmt.Errorf("--cache-resources entry %q: core resources are served at v1 only", entry)
+			return nil, fmt.Errorf("%s entry %q: core resources are served at v1 only", flag, entry)
 		}
 		if seen[spec.GroupResource()] {
-			return nil, fmt.Errorf("--cache-resources lists %s twice", spec.GroupResource())
+			return nil, fmt.Errorf("%s lists %s twice", flag, spec.GroupResource())
 		}
 		seen[spec.GroupResource()] = true
 		out = append(out, spec)
@@ -120,6 +155,19 @@ type Config struct {
 	// waits); past it the source's requests are forwarded. Zero means
 	// DefaultMaxInFlightPerSource; negative means no bound.
 	MaxInFlightPerSource int
+	// OnDemand starts a resource's informer only when a read it would
+	// answer comes from a caller the Reviewer allows (that read and the
+	// next ones are forwarded until it has synced), and stops it, dropping
+	// its Store, after IdleTimeout without such reads. Pinned resources
+	// run from Run until it ends, as every resource does without OnDemand
+	// (ondemand.go).
+	OnDemand bool
+	// Pinned are resources of Resources whose informers always run.
+	Pinned []ResourceSpec
+	// IdleTimeout is how long, with OnDemand, an informer runs without a
+	// read it served or would have served before it stops; zero never
+	// stops an informer once started.
+	IdleTimeout time.Duration
 	// Registerer receives the cache's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 }

@@ -27,15 +27,30 @@ import (
 // the cache is configured for. A custom resource is answered from the
 // cache only while its CRD exists, is established and serves the version
 // the cache holds; its Tables use that version's printer columns.
+//
+// Its watch runs only while an informer of a custom resource runs: each
+// such informer acquires the index when it starts and releases it when it
+// stops.
 type crdIndex struct {
 	// Fixed at construction: the group resources to follow.
 	wanted map[schema.GroupResource]bool
 
+	runMu sync.Mutex // protects the fields below
+	// users are the informers holding the index.
+	users int
+	// stop ends the running watch and waits for it; nil while none runs.
+	stop func()
+
 	mu sync.RWMutex // protects the fields below
+	// gen numbers the watches; events of an earlier one are ignored.
+	gen uint64
 	// synced is true once the first list of CRDs is in.
 	synced bool
 	byGR   map[schema.GroupResource]*crdState
 }
+
+// crdLabel names the CRD index's informer in metrics.
+const crdLabel = "customresourcedefinitions.apiextensions.k8s.io"
 
 // crdState is what the cache uses of one CRD.
 type crdState struct {
@@ -65,8 +80,68 @@ func newCRDIndex(specs []ResourceSpec) *crdIndex {
 	return &crdIndex{wanted: wanted, byGR: map[schema.GroupResource]*crdState{}}
 }
 
-// run watches CRDs until ctx ends.
-func (x *crdIndex) run(ctx context.Context, cfg *restclient.Config) {
+// acquire starts the index's watch unless it runs already, and reports
+// whether it started it. The watch runs, at most until ctx ends, until
+// every acquire has been released.
+func (x *crdIndex) acquire(ctx context.Context, cfg *restclient.Config) bool {
+	x.runMu.Lock()
+	defer x.runMu.Unlock()
+	x.users++
+	if x.users > 1 {
+		return false
+	}
+	x.mu.Lock()
+	x.gen++
+	gen := x.gen
+	x.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		x.run(ctx, cfg, gen)
+	}()
+	x.stop = func() {
+		cancel()
+		<-done
+	}
+	return true
+}
+
+// release gives back one acquire, and stops the watch (forgetting what it
+// knew) when it was the last; it reports whether it stopped it.
+func (x *crdIndex) release() bool {
+	x.runMu.Lock()
+	defer x.runMu.Unlock()
+	x.users--
+	if x.users > 0 {
+		return false
+	}
+	x.stop()
+	x.stop = nil
+	x.mu.Lock()
+	x.gen++
+	x.synced = false
+	x.byGR = map[schema.GroupResource]*crdState{}
+	x.mu.Unlock()
+	return true
+}
+
+// running reports whether the index's watch runs.
+func (x *crdIndex) running() bool {
+	x.runMu.Lock()
+	defer x.runMu.Unlock()
+	return x.stop != nil
+}
+
+// hasSynced reports whether the running watch has listed the CRDs.
+func (x *crdIndex) hasSynced() bool {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.synced
+}
+
+// run watches CRDs until ctx ends; gen is the watch's generation.
+func (x *crdIndex) run(ctx context.Context, cfg *restclient.Config, gen uint64) {
 	logger := klog.FromContext(ctx)
 	client, err := apiextensionsclient.NewForConfig(cfg)
 	if err != nil {
@@ -84,9 +159,9 @@ func (x *crdIndex) run(ctx context.Context, cfg *restclient.Config) {
 	}
 	inf := toolscache.NewSharedIndexInformer(lw, &apiextensionsv1.CustomResourceDefinition{}, 0, toolscache.Indexers{})
 	_, err = inf.AddEventHandlerWithOptions(toolscache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { x.update(obj) },
-		UpdateFunc: func(_, obj any) { x.update(obj) },
-		DeleteFunc: func(obj any) { x.remove(obj) },
+		AddFunc:    func(obj any) { x.update(gen, obj) },
+		UpdateFunc: func(_, obj any) { x.update(gen, obj) },
+		DeleteFunc: func(obj any) { x.remove(gen, obj) },
 	}, toolscache.HandlerOptions{Logger: &logger})
 	if err != nil {
 		logger.Error(err, "Cannot watch CustomResourceDefinitions; custom resources are forwarded")
@@ -95,7 +170,9 @@ func (x *crdIndex) run(ctx context.Context, cfg *restclient.Config) {
 	go func() {
 		if toolscache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 			x.mu.Lock()
-			x.synced = true
+			if x.gen == gen {
+				x.synced = true
+			}
 			x.mu.Unlock()
 		}
 	}()
@@ -114,7 +191,7 @@ func crdGroupResource(crd *apiextensionsv1.CustomResourceDefinition) schema.Grou
 	return schema.GroupResource{Group: crd.Spec.Group, Resource: crd.Spec.Names.Plural}
 }
 
-func (x *crdIndex) update(obj any) {
+func (x *crdIndex) update(gen uint64, obj any) {
 	crd := crdOf(obj)
 	if crd == nil || !x.wanted[crdGroupResource(crd)] {
 		return
@@ -136,17 +213,21 @@ func (x *crdIndex) update(obj any) {
 		st.versions[v.Name] = &crdVersion{table: table, selectable: v.SelectableFields}
 	}
 	x.mu.Lock()
-	x.byGR[crdGroupResource(crd)] = st
+	if x.gen == gen {
+		x.byGR[crdGroupResource(crd)] = st
+	}
 	x.mu.Unlock()
 }
 
-func (x *crdIndex) remove(obj any) {
+func (x *crdIndex) remove(gen uint64, obj any) {
 	crd := crdOf(obj)
 	if crd == nil {
 		return
 	}
 	x.mu.Lock()
-	delete(x.byGR, crdGroupResource(crd))
+	if x.gen == gen {
+		delete(x.byGR, crdGroupResource(crd))
+	}
 	x.mu.Unlock()
 }
 
@@ -241,7 +322,7 @@ func crdFieldLabels(namespaced bool, selectable []apiextensionsv1.SelectableFiel
 
 // resolveCRD completes the resolution of a custom resource with its CRD
 // version's field labels, selectable fields included.
-func (r *resource) resolveCRD() error {
+func (r *informer) resolveCRD() error {
 	var v *crdVersion
 	if r.crds != nil {
 		v = r.crds.version(r.gvr)

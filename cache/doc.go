@@ -3,7 +3,8 @@
 // reads with kube-apiserver's semantics and bytes.
 //
 // Files: store.go (the Store and its resourceVersion), resource.go (one
-// watched resource), classify.go (which requests the cache may answer),
+// watched resource and its informer), ondemand.go (when informers start
+// and stop: pinned, or on demand until idle), classify.go (which requests the cache may answer),
 // cache.go (the request path), encode.go (JSON and protobuf from cached
 // bytes), fields.go (kube-apiserver's field labels), write.go (the
 // read-your-writes barrier), asnode.go (which identity each watch runs

@@ -34,7 +34,7 @@ func referenceEncode(t *testing.T, m mediaType, gv schema.GroupVersion, obj runt
 	return buf.Bytes()
 }
 
-func objectsOf(t *testing.T, r *resource, items ...runtime.Object) []*Object {
+func objectsOf(t *testing.T, r *informer, items ...runtime.Object) []*Object {
 	t.Helper()
 	st := NewStore(attrsFor(r.fields, r.namespaced), r.prepare, nil)
 	var out []*Object
@@ -48,8 +48,8 @@ func objectsOf(t *testing.T, r *resource, items ...runtime.Object) []*Object {
 	return out
 }
 
-func typedResource(gvr schema.GroupVersionResource, kind string, namespaced bool) *resource {
-	r := newResource(ResourceSpec{Group: gvr.Group, Resource: gvr.Resource}, "node-a")
+func typedResource(gvr schema.GroupVersionResource, kind string, namespaced bool) *informer {
+	r := newInformer(newResource(ResourceSpec{Group: gvr.Group, Resource: gvr.Resource}, "node-a"))
 	r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind(kind), namespaced, true
 	r.fields = fieldLabelsFor(gvr.GroupResource(), true, namespaced)
 	r.encoder = newEncoder(r.gvk, true)
@@ -82,7 +82,7 @@ func TestEncodingMatchesKubeAPIServer(t *testing.T) {
 	}
 	cases := []struct {
 		name  string
-		res   *resource
+		res   *informer
 		items []runtime.Object
 		list  runtime.Object
 	}{
@@ -141,7 +141,7 @@ func TestEncodingMatchesKubeAPIServer(t *testing.T) {
 // kind on every item, as kube-apiserver lists them.
 func TestEncodingCustomResource(t *testing.T) {
 	gvr := schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}
-	r := newResource(ResourceSpec{Group: gvr.Group, Resource: gvr.Resource}, "node-a")
+	r := newInformer(newResource(ResourceSpec{Group: gvr.Group, Resource: gvr.Resource}, "node-a"))
 	r.gvr, r.gvk, r.namespaced = gvr, gvr.GroupVersion().WithKind("Widget"), true
 	r.fields = fieldLabelsFor(gvr.GroupResource(), false, true)
 	r.encoder = newEncoder(r.gvk, false)

@@ -35,13 +35,20 @@ func (f *stubReviewer) Review(*http.Request, *request.RequestInfo) access.Result
 	return f.result
 }
 
+// testInformer makes a running informer of r, to be filled by hand.
+func testInformer(r *resource) *informer {
+	inf := newInformer(r)
+	r.current.Store(inf)
+	return inf
+}
+
 var handlerInfoFactory = &request.RequestInfoFactory{APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")}
 
 // handlerCache is a Cache whose resources are filled by hand instead of by
 // watches: pods of node-a and all services.
 type handlerCache struct {
 	*Cache
-	pods, services *resource
+	pods, services *informer
 	reviewer       *stubReviewer
 	forwarded      []string
 	handler        http.Handler
@@ -56,7 +63,8 @@ func newHandlerCache(t *testing.T) *handlerCache {
 		t.Fatal(err)
 	}
 	tc.Cache = c
-	for _, r := range c.resources {
+	for _, res := range c.resources {
+		r := testInformer(res)
 		gvr := corev1.SchemeGroupVersion.WithResource(r.spec.Resource)
 		kind := map[string]string{"pods": "Pod", "services": "Service"}[r.spec.Resource]
 		r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind(kind), true, true
@@ -66,7 +74,7 @@ func newHandlerCache(t *testing.T) *handlerCache {
 		r.ready.Store(true)
 		r.watchState.Store(1<<1 | 1)
 	}
-	tc.pods, tc.services = c.byGR[schema.GroupResource{Resource: "pods"}], c.byGR[schema.GroupResource{Resource: "services"}]
+	tc.pods, tc.services = c.byGR[schema.GroupResource{Resource: "pods"}].current.Load(), c.byGR[schema.GroupResource{Resource: "services"}].current.Load()
 	pod := func(ns, name, rv string, restart corev1.RestartPolicy) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, ResourceVersion: rv, Labels: map[string]string{"app": name}},
 			Spec: corev1.PodSpec{NodeName: "node-a", RestartPolicy: restart}}

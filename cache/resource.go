@@ -23,8 +23,10 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// resource is one cached resource: its watch, its Store and what requests
-// it can answer. One resource serves every client.
+// resource is one configured resource: what requests it can answer, the
+// read-your-writes barrier of the writes the agent relayed for it, and the
+// informer that fills its Store while one runs (ondemand.go). One resource
+// serves every client.
 type resource struct {
 	// Fixed at construction.
 	spec ResourceSpec
@@ -33,8 +35,43 @@ type resource struct {
 	scope fields.Selector
 	// scopeTerms are scope's requirements (label → value).
 	scopeTerms map[string]string
+	// scopeAttrs computes the field set scope is matched against; nil for
+	// an unscoped resource.
+	scopeAttrs AttrsFunc
 	// label names the resource in metrics and logs.
 	label string
+	// crds follows CRDs (nil without custom resources).
+	crds *crdIndex
+	// pinned: the informer runs from Run until it ends.
+	pinned bool
+	// demand wakes the resource's manager when a read would start its
+	// informer; it holds at most one wake-up.
+	demand chan struct{}
+
+	// current is the informer running now; nil while the resource is idle.
+	current atomic.Pointer[informer]
+	// lastUsed is when (UnixNano) an allowed caller last made a read the
+	// informer answered or would have answered.
+	lastUsed atomic.Int64
+
+	mu sync.Mutex // protects the fields below
+	// barrier is the highest RV a forwarded write of this resource
+	// returned; consistent reads wait for the Store to reach it. It
+	// outlives informers: a restarted informer may list at an older RV.
+	barrier uint64
+	// barrierRaised is when barrier last went up.
+	barrierRaised time.Time
+	// unknownWriteUntil: a write whose RV could not be read was forwarded;
+	// consistent reads are forwarded until then.
+	unknownWriteUntil time.Time
+}
+
+// informer is one run of a resource's watch: its resolved kind, its Store
+// and the watch's health. A plan holds the informer it was made with, so
+// a request keeps one consistent Store even if the informer stops or a new
+// one starts meanwhile.
+type informer struct {
+	*resource
 
 	// Set once, before ready is stored true, by resolve.
 	gvk        schema.GroupVersionKind
@@ -45,12 +82,12 @@ type resource struct {
 	// selectable are a custom resource's selectable fields, as its CRD
 	// version had them when the Store was built.
 	selectable []apiextensionsv1.SelectableField
-	// crds follows CRDs (nil without custom resources); fixed at
-	// construction.
-	crds    *crdIndex
-	store   *Store
-	encoder *encoder
-	ready   atomic.Bool
+	store      *Store
+	encoder    *encoder
+	ready      atomic.Bool
+	// stopped is set when the informer stops: its Store is no longer
+	// kept current.
+	stopped atomic.Bool
 	// gzipped keeps recent compressed list bodies (response.go).
 	gzipped compressedLists
 
@@ -59,20 +96,10 @@ type resource struct {
 	// the Store replace count that a watch-list's initial events reach.
 	watchState   atomic.Uint64
 	needReplaces atomic.Uint64
-
-	mu sync.Mutex // protects the fields below
-	// barrier is the highest RV a forwarded write of this resource
-	// returned; consistent reads wait for the Store to reach it.
-	barrier uint64
-	// barrierRaised is when barrier last went up.
-	barrierRaised time.Time
-	// unknownWriteUntil: a write whose RV could not be read was forwarded;
-	// consistent reads are forwarded until then.
-	unknownWriteUntil time.Time
 }
 
 func newResource(spec ResourceSpec, nodeName string) *resource {
-	r := &resource{spec: spec, label: spec.GroupResource().String(), scope: fields.Everything()}
+	r := &resource{spec: spec, label: spec.GroupResource().String(), scope: fields.Everything(), demand: make(chan struct{}, 1)}
 	if spec.Group == "" {
 		switch spec.Resource {
 		case "pods":
@@ -85,13 +112,22 @@ func newResource(spec ResourceSpec, nodeName string) *resource {
 	for _, req := range r.scope.Requirements() {
 		r.scopeTerms[req.Field] = req.Value
 	}
+	if !r.scope.Empty() {
+		// Only core pods (namespaced) and nodes are scoped.
+		namespaced := spec.Resource == "pods"
+		r.scopeAttrs = attrsFor(fieldLabelsFor(spec.GroupResource(), true, namespaced), namespaced)
+	}
 	return r
 }
 
-// healthy reports whether the Store is synced and its watch open: the
-// condition for answering consistent reads.
-func (r *resource) healthy() bool {
-	return r.ready.Load() && r.store.Synced() && r.watchState.Load()&1 == 1 && r.store.Replaces() >= r.needReplaces.Load()
+func newInformer(r *resource) *informer {
+	return &informer{resource: r}
+}
+
+// healthy reports whether the Store is synced, kept current and its watch
+// open: the condition for answering consistent reads.
+func (r *informer) healthy() bool {
+	return r.ready.Load() && !r.stopped.Load() && r.store.Synced() && r.watchState.Load()&1 == 1 && r.store.Replaces() >= r.needReplaces.Load()
 }
 
 // noteWrite records a forwarded write's RV for the read-your-writes barrier.
@@ -123,7 +159,7 @@ const maxBarrierAge = 2 * time.Minute
 // write of unknown RV is recent, and whether the barrier has been ahead of
 // the Store for longer than a read may wait (so reads need not wait for it
 // again).
-func (r *resource) barrierState(now time.Time, wait time.Duration) (rv uint64, recent, overdue bool) {
+func (r *informer) barrierState(now time.Time, wait time.Duration) (rv uint64, recent, overdue bool) {
 	storeRV := r.store.ResourceVersion()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -136,7 +172,7 @@ func (r *resource) barrierState(now time.Time, wait time.Duration) (rv uint64, r
 }
 
 // resolve finds the resource's version, kind and scope with discovery.
-func (r *resource) resolve(dc discovery.DiscoveryInterface) error {
+func (r *informer) resolve(dc discovery.DiscoveryInterface) error {
 	version := r.spec.Version
 	if version == "" {
 		groups, err := dc.ServerGroups()
@@ -194,7 +230,7 @@ func hasVerbs(have metav1.Verbs, want ...string) bool {
 
 // listerWatcher returns the watch source: protobuf through a typed REST
 // client for built-in types, JSON through the dynamic client otherwise.
-func (r *resource) listerWatcher(cfg *rest.Config) (toolscache.ListerWatcher, runtime.Object, error) {
+func (r *informer) listerWatcher(cfg *rest.Config) (toolscache.ListerWatcher, runtime.Object, error) {
 	scope := r.scope.String()
 	if r.builtin {
 		c := rest.CopyConfig(cfg)
@@ -236,9 +272,16 @@ func (r *resource) listerWatcher(cfg *rest.Config) (toolscache.ListerWatcher, ru
 
 // run resolves the resource (retrying until it is served) and keeps its
 // Store filled until ctx ends.
-func (r *resource) run(ctx context.Context, cfg *rest.Config, dc discovery.DiscoveryInterface, onChange func()) {
+func (r *informer) run(ctx context.Context, cfg *rest.Config, dc discovery.DiscoveryInterface, onChange func()) {
 	// Resolved fields are written before ready is set and read only after.
 	logger := klog.FromContext(ctx).WithValues("resource", r.label)
+	if r.crds != nil && r.crds.wanted[r.spec.GroupResource()] {
+		// The CRD watch may have just started with this informer: give
+		// it its first list before resolving, rather than a retry later.
+		_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			return r.crds.hasSynced(), nil
+		})
+	}
 	err := wait.PollUntilContextCancel(ctx, 5*time.Second, true, func(ctx context.Context) (bool, error) {
 		if err := r.resolve(dc); err != nil {
 			logger.V(2).Info("Resource not cached yet", "err", err)
@@ -267,7 +310,7 @@ func (r *resource) run(ctx context.Context, cfg *rest.Config, dc discovery.Disco
 // changed returns the Store's change hook: it drops the kept compressed
 // lists, which are of an older resourceVersion now (never to be reused, and
 // they must not keep replaced objects alive), then calls onChange.
-func (r *resource) changed(onChange func()) func() {
+func (r *informer) changed(onChange func()) func() {
 	return func() {
 		r.gzipped.clear()
 		if onChange != nil {
@@ -279,7 +322,7 @@ func (r *resource) changed(onChange func()) func() {
 // prepare sets apiVersion and kind on typed objects, which decoding
 // strips, so that encoding needs no conversion and never mutates a shared
 // object.
-func (r *resource) prepare(obj runtime.Object) runtime.Object {
+func (r *informer) prepare(obj runtime.Object) runtime.Object {
 	if _, ok := obj.(*unstructured.Unstructured); !ok {
 		obj.GetObjectKind().SetGroupVersionKind(r.gvk)
 	}
@@ -292,7 +335,7 @@ func (r *resource) prepare(obj runtime.Object) runtime.Object {
 // no more once it ends.
 type healthListerWatcher struct {
 	lw toolscache.ListerWatcherWithContext
-	r  *resource
+	r  *informer
 }
 
 func (h *healthListerWatcher) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {

@@ -26,7 +26,8 @@ func TestHandlerRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	kinds := map[string]string{"namespaces": "Namespace", "services": "Service"}
-	for _, r := range c.resources {
+	for _, res := range c.resources {
+		r := testInformer(res)
 		gvr := corev1.SchemeGroupVersion.WithResource(r.spec.Resource)
 		namespaced := r.spec.Resource != "namespaces"
 		r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind(kinds[r.spec.Resource]), namespaced, true
@@ -36,14 +37,14 @@ func TestHandlerRoutes(t *testing.T) {
 		r.ready.Store(true)
 		r.watchState.Store(1<<1 | 1)
 	}
-	nsRes := c.byGR[schema.GroupResource{Resource: "namespaces"}]
+	nsRes := c.byGR[schema.GroupResource{Resource: "namespaces"}].current.Load()
 	if err := nsRes.store.Replace([]any{
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tenant-a", ResourceVersion: "3"}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tenant-b", ResourceVersion: "4"}},
 	}, "10"); err != nil {
 		t.Fatal(err)
 	}
-	svcRes := c.byGR[schema.GroupResource{Resource: "services"}]
+	svcRes := c.byGR[schema.GroupResource{Resource: "services"}].current.Load()
 	if err := svcRes.store.Replace([]any{&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant-a", Name: "s1", ResourceVersion: "5"}}}, "10"); err != nil {
 		t.Fatal(err)
 	}

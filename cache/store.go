@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -72,7 +73,10 @@ type Store struct {
 	rv       uint64
 	synced   bool
 	replaces uint64
-	// rvChanged is closed and replaced whenever rv or synced changes.
+	// closed: the Store's informer stopped; it will not change again.
+	closed bool
+	// rvChanged is closed and replaced whenever rv, synced or closed
+	// changes.
 	rvChanged chan struct{}
 }
 
@@ -353,15 +357,35 @@ func (s *Store) sortedSnapshot() ([]*Object, uint64) {
 	return s.sorted, s.rv
 }
 
+// ErrStoreClosed is returned by WaitForResourceVersion once the Store's
+// informer has stopped.
+var ErrStoreClosed = errors.New("store: the informer filling it stopped")
+
+// Close marks the Store as no longer filled: waits for a resourceVersion it
+// has not reached end with ErrStoreClosed. Its content stays readable.
+func (s *Store) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.closed {
+		s.closed = true
+		close(s.rvChanged)
+		s.rvChanged = make(chan struct{})
+	}
+}
+
 // WaitForResourceVersion blocks until the Store is synced at an RV ≥ rv,
-// or ctx ends (then it returns ctx's error).
+// or ctx ends (then it returns ctx's error), or the Store is closed (then
+// it returns ErrStoreClosed).
 func (s *Store) WaitForResourceVersion(ctx context.Context, rv uint64) error {
 	for {
 		s.mu.RLock()
-		ok, ch := s.synced && s.rv >= rv, s.rvChanged
+		ok, closed, ch := s.synced && s.rv >= rv, s.closed, s.rvChanged
 		s.mu.RUnlock()
 		if ok {
 			return nil
+		}
+		if closed {
+			return ErrStoreClosed
 		}
 		select {
 		case <-ctx.Done():

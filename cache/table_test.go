@@ -64,9 +64,9 @@ func testCustomCache(t *testing.T, crd *apiextensionsv1.CustomResourceDefinition
 	if c.crds == nil {
 		t.Fatal("no CRD index for a custom resource")
 	}
-	c.crds.update(crd)
+	c.crds.update(c.crds.gen, crd)
 	c.crds.synced = true
-	r := c.resources[0]
+	r := testInformer(c.resources[0])
 	r.gvr, r.gvk, r.namespaced = widgets, widgets.GroupVersion().WithKind("Widget"), true
 	r.fields = fieldLabelsFor(widgets.GroupResource(), false, true)
 	if err := r.resolveCRD(); err != nil {
@@ -198,18 +198,18 @@ func TestCustomResourceCRDChanges(t *testing.T) {
 		name   string
 		change func(x *crdIndex)
 	}{
-		{"version no longer served", func(x *crdIndex) { x.update(widgetCRD("v2")) }},
-		{"selectable fields changed", func(x *crdIndex) { x.update(changed) }},
-		{"CRD deleted", func(x *crdIndex) { x.remove(widgetCRD("v1")) }},
+		{"version no longer served", func(x *crdIndex) { x.update(x.gen, widgetCRD("v2")) }},
+		{"selectable fields changed", func(x *crdIndex) { x.update(x.gen, changed) }},
+		{"CRD deleted", func(x *crdIndex) { x.remove(x.gen, widgetCRD("v1")) }},
 		{"CRD being deleted", func(x *crdIndex) {
 			crd := widgetCRD("v1")
 			crd.DeletionTimestamp = &metav1.Time{Time: time.Now()}
-			x.update(crd)
+			x.update(x.gen, crd)
 		}},
 		{"CRD no longer established", func(x *crdIndex) {
 			crd := widgetCRD("v1")
 			crd.Status.Conditions = nil
-			x.update(crd)
+			x.update(x.gen, crd)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

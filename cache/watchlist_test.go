@@ -80,7 +80,7 @@ func testCache(t *testing.T, up http.Handler, pods ...*corev1.Pod) (*Cache, *res
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := c.resources[0]
+	r := testInformer(c.resources[0])
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 	r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind("Pod"), true, true
 	r.fields = fieldLabelsFor(gvr.GroupResource(), true, true)
@@ -512,7 +512,7 @@ func TestMetadataFromCache(t *testing.T) {
 	}
 
 	// The JSON list is the serializer's encoding of the whole list.
-	res := c.resources[0]
+	res := c.resources[0].current.Load()
 	for _, n := range []int{0, 2} {
 		objs, rv := res.store.Snapshot(Predicate{})
 		objs = objs[:n]

@@ -166,16 +166,17 @@ func readAllInto(buf []byte, r io.Reader) ([]byte, error) {
 }
 
 // outOfScope reports whether the object in a write's body is outside r's
-// scope. Unscoped resources hold every object.
+// scope. Unscoped resources hold every object. Only core pods and nodes are
+// scoped, so this needs no informer: it holds while the resource is idle.
 func (r *resource) outOfScope(buf []byte) bool {
-	if len(r.scopeTerms) == 0 || !r.ready.Load() || !r.builtin {
+	if r.scopeAttrs == nil {
 		return false
 	}
 	obj, _, err := scheme.Codecs.UniversalDeserializer().Decode(buf, nil, nil)
 	if err != nil {
 		return false
 	}
-	_, set, err := attrsFor(r.fields, r.namespaced)(obj)
+	_, set, err := r.scopeAttrs(obj)
 	if err != nil {
 		return false
 	}
@@ -190,19 +191,24 @@ type objectIdentity struct {
 // answers reports whether id is the object a write of info returns: the
 // resource's own kind (Scale for the scale subresource) in the request's
 // group and version, in the request's namespace, and with its name when
-// the request named one (a create may have the name generated).
+// the request named one (a create may have the name generated). The kind
+// and scope are checked only while an informer has resolved them.
 func (id objectIdentity) answers(info *request.RequestInfo, r *resource) bool {
+	resolved := r.current.Load()
+	if resolved != nil && !resolved.ready.Load() {
+		resolved = nil
+	}
 	wantKind, wantAPIVersion := "", schema.GroupVersion{Group: info.APIGroup, Version: info.APIVersion}.String()
 	switch {
 	case info.Subresource == "scale":
 		wantKind, wantAPIVersion = "Scale", "autoscaling/v1"
-	case r.ready.Load():
-		wantKind = r.gvk.Kind
+	case resolved != nil:
+		wantKind = resolved.gvk.Kind
 	}
 	if (wantKind != "" && id.kind != wantKind) || id.apiVersion != wantAPIVersion {
 		return false
 	}
-	if id.namespace != info.Namespace && (r.namespaced || !r.ready.Load()) {
+	if id.namespace != info.Namespace && (resolved == nil || resolved.namespaced) {
 		return false
 	}
 	return info.Name == "" || id.name == info.Name
