@@ -31,8 +31,9 @@ import (
 // authenticates with what the client sent.
 //
 // Endpoints start as the --upstream flag and then follow the
-// default/kubernetes EndpointSlices (setEndpoints). A health loop (run)
-// checks each one; requests go to the active endpoint, which moves to a
+// default/kubernetes EndpointSlices (setEndpoints). Their health comes from
+// the requests sent to them and, where those prove nothing recent, from
+// probes (health.go); requests go to the active endpoint, which moves to a
 // healthy one when it fails. Reads that fail before an answer came, and any
 // request that could not even connect, are retried on another endpoint.
 type upstreams struct {
@@ -50,6 +51,13 @@ type upstreams struct {
 	// onChange, if set, is called (without locks held) after the active
 	// endpoint or an endpoint's health changed.
 	onChange func()
+	// period is the health period and window the success window (zero:
+	// the defaults); now, if set, replaces time.Now in health decisions.
+	period, window time.Duration
+	now            func() time.Time
+	// kick wakes the health loop (run) early; nil in tests without one.
+	kick  chan struct{}
+	stats healthStats
 
 	mu        sync.Mutex // protects the fields below
 	endpoints []*endpoint
@@ -59,11 +67,23 @@ type upstreams struct {
 // endpoint is one kube-apiserver and its health.
 type endpoint struct {
 	url *url.URL
+	// lastSuccess is when the endpoint last answered (a response under
+	// 500, bytes of one, or a passed probe), and lastTrouble when it last
+	// answered 5xx or a request to it failed after it was sent, both in
+	// Unix nanoseconds; atomic, as every request sets them.
+	lastSuccess, lastTrouble atomic.Int64
 	// Fields below are protected by upstreams.mu.
 	healthy  bool
 	checked  bool // health was checked at least once
-	failures int  // consecutive failed checks
+	failures int  // consecutive failed probes
 	lastErr  error
+	// lastProbe is when the last probe started; jitter lengthens the
+	// success window until the next probe; probeNow asks for a probe at
+	// the next look; probing is set while a probe runs.
+	lastProbe time.Time
+	jitter    time.Duration
+	probeNow  bool
+	probing   bool
 	// inflight cancels the requests in flight to this endpoint, so that
 	// streams on a dead endpoint end and their clients reconnect.
 	inflight map[*inflightReq]context.CancelFunc
@@ -71,7 +91,7 @@ type endpoint struct {
 
 type inflightReq struct{}
 
-// deadAfter is how many consecutive failed checks make an endpoint dead:
+// deadAfter is how many consecutive failed probes make an endpoint dead:
 // its open streams are ended. One failure already moves new requests away.
 const deadAfter = 2
 
@@ -100,14 +120,24 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 		MaxIdleConns:          1000,
 		MaxIdleConnsPerHost:   100,
 		IdleConnTimeout:       90 * time.Second,
-		// Detect dead HTTP/2 connections (a vanished apiserver) the way
-		// client-go does, instead of waiting for TCP to give up.
+		// Detect a dead or hung apiserver on a connection that went
+		// silent: ping it after a health period without a frame and close
+		// it when the ping is not answered within a probe's timeout. The
+		// streams on it then fail, which marks the endpoint unhealthy
+		// (observedBody), as fast as the /readyz probe every health
+		// period used to; a ping is an HTTP/2 frame, not a request.
 		HTTP2: &http.HTTP2Config{
-			SendPingTimeout: 30 * time.Second,
-			PingTimeout:     15 * time.Second,
+			SendPingTimeout: max(cfg.UpstreamHealthPeriod, time.Second),
+			PingTimeout:     probeTimeout(cfg.UpstreamHealthPeriod),
 		},
 	}
-	u := &upstreams{transport: t, upgradeTransport: http1Only(t)}
+	u := &upstreams{
+		transport:        t,
+		upgradeTransport: http1Only(t),
+		period:           cfg.UpstreamHealthPeriod,
+		window:           successWindow,
+		kick:             make(chan struct{}, 1),
+	}
 	u.bodies.max = int64(cfg.Limits.withDefaults().MaxBufferedBodyBytes)
 	for _, ep := range cfg.Upstreams {
 		u.endpoints = append(u.endpoints, newEndpoint(ep))
@@ -208,8 +238,9 @@ func http1Only(t *http.Transport) *http.Transport {
 
 // RoundTrip sends upgrade requests over HTTP/1.1 and all others over the
 // shared transport, to the endpoint named in req.URL. When that fails in a
-// way that is safe to retry (see retryable), the request is sent again to
-// another healthy endpoint.
+// way that is safe to retry (see retryable), the endpoint is marked failed
+// and the request is sent again to another healthy endpoint; any other
+// failure after the request was sent has its endpoint probed soon.
 func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
 	tried := map[string]bool{}
 	var body *readTracker
@@ -238,7 +269,13 @@ func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
 	for {
 		tried[req.URL.Host] = true
 		resp, err := u.roundTripOnce(req)
-		if err == nil || !retryable(req, err, body == nil || !body.read.Load()) {
+		if err == nil {
+			return resp, nil
+		}
+		if !retryable(req, err, body == nil || !body.read.Load()) {
+			if req.Context().Err() == nil {
+				u.troubled(req.URL.Host)
+			}
 			return resp, err
 		}
 		u.reportFailure(klog.FromContext(req.Context()), req.URL.Host, err)
@@ -260,41 +297,69 @@ func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 }
 
-// roundTripOnce sends req to its endpoint and tracks it while in flight.
+// roundTripOnce sends req to its endpoint, tracks it while in flight, and
+// records what its answer says about the endpoint's health.
 func (u *upstreams) roundTripOnce(req *http.Request) (*http.Response, error) {
 	if isUpgrade(req) {
 		// An upgraded connection's body must stay an io.ReadWriteCloser, so
 		// it is not tracked; a dead endpoint ends it with the TCP
 		// connection.
-		return u.upgradeTransport.RoundTrip(req)
+		resp, err := u.upgradeTransport.RoundTrip(req)
+		if err == nil {
+			u.mu.Lock()
+			ep := u.find(req.URL.Host)
+			u.mu.Unlock()
+			if ep != nil {
+				ep.observe(resp.StatusCode, u.clock())
+			}
+		}
+		return resp, err
 	}
 	ctx, cancel := context.WithCancel(req.Context())
-	done := u.track(req.URL.Host, cancel)
+	ep, done := u.track(req.URL.Host, cancel)
 	resp, err := u.transport.RoundTrip(req.WithContext(ctx))
 	if err != nil {
 		done()
 		cancel()
 		return nil, err
 	}
-	resp.Body = &trackedBody{ReadCloser: resp.Body, done: func() { done(); cancel() }}
+	if ep == nil {
+		resp.Body = &trackedBody{ReadCloser: resp.Body, done: func() { done(); cancel() }}
+		return resp, nil
+	}
+	ep.observe(resp.StatusCode, u.clock())
+	resp.Body = &observedBody{ReadCloser: resp.Body, up: u, ep: ep, ctx: ctx,
+		good: resp.StatusCode < http.StatusInternalServerError, done: func() { done(); cancel() }}
 	return resp, nil
 }
 
-// track registers an in-flight request to host; the returned func
-// deregisters it.
-func (u *upstreams) track(host string, cancel context.CancelFunc) func() {
+// track registers an in-flight request to host and returns its endpoint
+// (nil if host is none of them) and a func that deregisters it.
+func (u *upstreams) track(host string, cancel context.CancelFunc) (*endpoint, func()) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	ep := u.find(host)
 	if ep == nil {
-		return func() {}
+		return nil, func() {}
 	}
 	key := &inflightReq{}
 	ep.inflight[key] = cancel
-	return func() {
+	return ep, func() {
 		u.mu.Lock()
 		delete(ep.inflight, key)
 		u.mu.Unlock()
+	}
+}
+
+// troubled notes a failed request to host that is no proof the endpoint
+// is down (it may have been the request's own); the endpoint is probed
+// within a health period unless it answers meanwhile.
+func (u *upstreams) troubled(host string) {
+	u.mu.Lock()
+	ep := u.find(host)
+	u.mu.Unlock()
+	if ep != nil {
+		ep.lastTrouble.Store(u.clock().UnixNano())
 	}
 }
 
@@ -434,25 +499,6 @@ func (u *upstreams) pickExcept(tried map[string]bool) *url.URL {
 	return u.endpoints[best].url
 }
 
-// reportFailure marks host unhealthy after a failed request, so new
-// requests go elsewhere until its next successful check.
-func (u *upstreams) reportFailure(logger klog.Logger, host string, err error) {
-	u.mu.Lock()
-	ep := u.find(host)
-	changed := ep != nil && ep.healthy
-	if ep != nil {
-		ep.healthy, ep.checked, ep.lastErr = false, true, err
-	}
-	u.mu.Unlock()
-	if !changed {
-		return
-	}
-	logger.Info("Upstream endpoint unhealthy: a request to it failed", "endpoint", host, "err", err)
-	if u.onChange != nil {
-		u.onChange()
-	}
-}
-
 // healthy returns nil while some endpoint is healthy, else why none is.
 func (u *upstreams) healthy() error {
 	u.mu.Lock()
@@ -493,7 +539,11 @@ func (u *upstreams) status() []endpointStatus {
 // setEndpoints replaces the endpoint list, keeping the health of endpoints
 // that stay. An empty list is ignored: the agent never forgets every
 // apiserver (a slice can be empty for a moment while apiservers restart).
-// Requests in flight to removed endpoints are ended.
+// Requests in flight to a removed endpoint are left to end on their own:
+// a restarting apiserver can drop a live one from the slice for a moment
+// (its lease not yet renewed), and ending that one's streams would make
+// every informer behind them list again; a removed apiserver that is
+// gone breaks its streams, which its connection's pings find.
 func (u *upstreams) setEndpoints(urls []*url.URL) {
 	if len(urls) == 0 {
 		return
@@ -501,22 +551,13 @@ func (u *upstreams) setEndpoints(urls []*url.URL) {
 	u.mu.Lock()
 	activeHost := u.endpoints[u.active].url.Host
 	var next []*endpoint
-	kept := map[*endpoint]bool{}
+	added := false
 	for _, nu := range urls {
 		ep := u.find(nu.Host)
 		if ep == nil {
-			ep = newEndpoint(nu)
+			ep, added = newEndpoint(nu), true
 		}
-		kept[ep] = true
 		next = append(next, ep)
-	}
-	var cancels []context.CancelFunc
-	for _, ep := range u.endpoints {
-		if !kept[ep] {
-			for _, c := range ep.inflight {
-				cancels = append(cancels, c)
-			}
-		}
 	}
 	u.endpoints = next
 	u.active = 0
@@ -534,158 +575,12 @@ func (u *upstreams) setEndpoints(urls []*url.URL) {
 		}
 	}
 	u.mu.Unlock()
-	for _, c := range cancels {
-		c()
+	if added {
+		// A new endpoint is probed at once, so that it can take over
+		// from the active one as soon as that fails.
+		u.wake()
 	}
 	if u.onChange != nil {
 		u.onChange()
-	}
-}
-
-// checkAll checks every endpoint concurrently and records the results:
-// the active endpoint moves to a healthy one if it failed, and the streams
-// of an endpoint that failed deadAfter checks in a row are ended. It
-// reports whether anything changed.
-func (u *upstreams) checkAll(ctx context.Context, timeout time.Duration) bool {
-	u.mu.Lock()
-	eps := slices.Clone(u.endpoints)
-	u.mu.Unlock()
-	errs := make([]error, len(eps))
-	var wg sync.WaitGroup
-	for i, ep := range eps {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, timeout)
-			defer cancel()
-			errs[i] = u.check(cctx, ep.url)
-		}()
-	}
-	wg.Wait()
-	if ctx.Err() != nil {
-		return false
-	}
-	logger := klog.FromContext(ctx)
-	u.mu.Lock()
-	changed := false
-	var cancels []context.CancelFunc
-	for i, ep := range eps {
-		if u.find(ep.url.Host) != ep {
-			continue // removed meanwhile
-		}
-		ok := errs[i] == nil
-		if ok != ep.healthy || !ep.checked {
-			changed = true
-			if ok {
-				logger.Info("Upstream endpoint healthy", "endpoint", ep.url.Host)
-			} else {
-				logger.Info("Upstream endpoint unhealthy", "endpoint", ep.url.Host, "err", errs[i])
-			}
-		}
-		ep.healthy, ep.checked, ep.lastErr = ok, true, errs[i]
-		if ok {
-			ep.failures = 0
-			continue
-		}
-		ep.failures++
-		if ep.failures == deadAfter {
-			for _, c := range ep.inflight {
-				cancels = append(cancels, c)
-			}
-		}
-	}
-	if cur := u.endpoints[u.active]; !cur.healthy {
-		for i, ep := range u.endpoints {
-			if ep.healthy {
-				logger.Info("Failing over to another upstream endpoint", "from", cur.url.Host, "to", ep.url.Host)
-				u.active = i
-				changed = true
-				break
-			}
-		}
-	}
-	u.mu.Unlock()
-	if len(cancels) > 0 {
-		logger.Info("Ending requests in flight to a dead upstream endpoint", "count", len(cancels))
-	}
-	for _, c := range cancels {
-		c()
-	}
-	if changed && u.onChange != nil {
-		u.onChange()
-	}
-	return changed
-}
-
-// run checks the endpoints every period until ctx ends.
-func (u *upstreams) run(ctx context.Context, period time.Duration) {
-	timeout := min(max(period, time.Second), 5*time.Second)
-	t := time.NewTicker(period)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			u.checkAll(ctx, timeout)
-		}
-	}
-}
-
-// check probes one endpoint: the TLS handshake must verify and /readyz must
-// answer. The probe is anonymous, so 401 and 403 (anonymous auth off, or
-// /readyz not public) still prove a live, genuine apiserver.
-func (u *upstreams) check(ctx context.Context, ep *url.URL) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep.JoinPath("/readyz").String(), nil)
-	if err != nil {
-		return err
-	}
-	resp, err := u.transport.RoundTrip(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	switch resp.StatusCode {
-	case http.StatusOK, http.StatusUnauthorized, http.StatusForbidden:
-		return nil
-	}
-	return fmt.Errorf("GET %s/readyz: %s", ep.Host, resp.Status)
-}
-
-// waitHealthy checks the endpoints until one answers or timeout passes, and
-// makes the first healthy one active.
-func (u *upstreams) waitHealthy(ctx context.Context, timeout time.Duration) error {
-	logger := klog.FromContext(ctx)
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var errs []error
-	for {
-		errs = errs[:0]
-		u.mu.Lock()
-		eps := slices.Clone(u.endpoints)
-		u.mu.Unlock()
-		for i, ep := range eps {
-			err := u.check(ctx, ep.url)
-			u.mu.Lock()
-			ep.healthy, ep.checked, ep.lastErr = err == nil, true, err
-			if err == nil {
-				u.active = i
-			}
-			u.mu.Unlock()
-			if err == nil {
-				logger.V(2).Info("Upstream healthy", "endpoint", ep.url.Host)
-				return nil
-			}
-			logger.V(2).Info("Upstream not healthy yet", "endpoint", ep.url.Host, "err", err)
-			errs = append(errs, fmt.Errorf("%s: %w", ep.url.Host, err))
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("no upstream answered within %s: %w", timeout, errors.Join(errs...))
-		case <-time.After(time.Second):
-		}
 	}
 }

@@ -19,6 +19,8 @@ type testEndpoint struct {
 	url  *url.URL
 	sick atomic.Bool
 	hits atomic.Int32
+	// probes counts /readyz requests.
+	probes atomic.Int32
 }
 
 func newTestEndpoint(t *testing.T, handler http.HandlerFunc) *testEndpoint {
@@ -33,6 +35,7 @@ func newTestEndpointWithCert(t *testing.T, cert *tls.Certificate, handler http.H
 	e := &testEndpoint{}
 	e.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/readyz" {
+			e.probes.Add(1)
 			if e.sick.Load() {
 				http.Error(w, "not ready", http.StatusInternalServerError)
 			}
@@ -206,7 +209,8 @@ func TestFailoverAndStreamEnd(t *testing.T) {
 }
 
 // TestSetEndpoints: the EndpointSlice list replaces the bootstrap list,
-// keeping the active endpoint and known health; an empty list is ignored.
+// keeping the active endpoint and known health, and has new endpoints
+// probed at once; an empty list is ignored.
 func TestSetEndpoints(t *testing.T) {
 	a, b := newTestEndpoint(t, ok), newTestEndpoint(t, ok)
 	u := newTestUpstreams(a)
@@ -215,7 +219,13 @@ func TestSetEndpoints(t *testing.T) {
 	if len(u.status()) != 1 {
 		t.Fatalf("an empty list emptied the endpoints: %v", u.status())
 	}
+	u.kick = make(chan struct{}, 1)
 	u.setEndpoints([]*url.URL{b.url, a.url})
+	select {
+	case <-u.kick:
+	default:
+		t.Error("a new endpoint was not sent to the health loop for a probe")
+	}
 	st := u.status()
 	if len(st) != 2 || !st[1].Active || !st[1].Healthy || st[0].Healthy {
 		t.Errorf("status = %+v, want a kept active and healthy, b new and unchecked", st)
