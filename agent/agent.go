@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"k8s.io/apiserver/pkg/endpoints/request"
@@ -42,25 +43,49 @@ type Agent struct {
 	audit *audit.Auditor
 	// syncNow asks the run loop for a sync before the next tick.
 	syncNow chan struct{}
+	// local is what detect-local learns from the API (detectlocal.go).
+	local *localPods
+	// podPath checks interception as pods get it (podpath.go); nil when
+	// off. lastLapse is when (Unix nanoseconds) a liveness refresh last came
+	// so late that the entry may have expired.
+	podPath   *podPath
+	lastLapse atomic.Int64
 	// drain is cancelled when shutdown starts, which ends open watches so
 	// their clients reconnect, now past the removed redirect.
 	drain      context.Context
 	startDrain context.CancelFunc
 	now        func() time.Time
 
-	// planeMu serializes changes to the dataplanes: syncs, liveness
-	// refreshes and removal. A refresh never runs between a failed check
-	// and the removal it causes. It also protects the fields below.
-	planeMu sync.Mutex
+	// syncMu serializes the work on the node's netfilter rules and
+	// addresses: syncs, the removal after a failed one, shutdown and
+	// removeStale. It is held across exec'd iptables calls, which take
+	// long on a node with a large nat table or a busy xtables lock. It
+	// also protects the fields below.
+	syncMu sync.Mutex
 	// selfCheckErr is the last failed self-check; the redirect is not
 	// installed again before retryAt. retryWait doubles with each failure.
 	selfCheckErr error
 	retryAt      time.Time
 	retryWait    time.Duration
 
-	mu sync.Mutex // protects the field below
-	// notReady is why the agent is not intercepting; nil while it is.
-	notReady error
+	// planeMu guards the liveness entries and each dataplane's active
+	// flag. It is held only around netlink set operations, never across a
+	// call to iptables, so the liveness refresher never waits for
+	// netfilter: a slow sync cannot let the entries expire. A refresh
+	// never runs between a failed check and the clearing it causes.
+	// Lock order: syncMu before planeMu.
+	planeMu sync.Mutex
+
+	mu sync.Mutex // protects the fields below
+	// notIntercepting is why the agent is not intercepting; nil while it
+	// is.
+	notIntercepting error
+	// decided is set once the first sync has decided whether to
+	// intercept; stopping once shutdown has begun. Between the two the
+	// agent is ready: serving, or deliberately stepped aside.
+	decided, stopping bool
+	// lastSync is when the run loop last finished a sync.
+	lastSync time.Time
 }
 
 // New checks cfg and loads what the agent needs from disk. It changes
@@ -73,15 +98,16 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 	}
 	drain, startDrain := context.WithCancel(context.Background())
 	a := &Agent{
-		cfg:        cfg,
-		metrics:    newMetrics(),
-		backend:    k.Backend,
-		probes:     newProbes(),
-		syncNow:    make(chan struct{}, 1),
-		drain:      drain,
-		startDrain: startDrain,
-		now:        time.Now,
-		notReady:   errors.New("starting"),
+		cfg:             cfg,
+		metrics:         newMetrics(),
+		backend:         k.Backend,
+		probes:          newProbes(),
+		syncNow:         make(chan struct{}, 1),
+		local:           newLocalPods(),
+		drain:           drain,
+		startDrain:      startDrain,
+		now:             time.Now,
+		notIntercepting: errors.New("starting"),
 	}
 	var err error
 	if a.audit, err = audit.New(cfg.Audit, longRunning); err != nil {
@@ -100,6 +126,10 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 	}
 	a.up.onChange = a.requestSync
 	a.interception = newInterceptionMetrics(a.metrics.registry, a.up)
+	a.metrics.registry.MustRegister(a.up.healthCollector())
+	if cfg.PodPathCheckInterval > 0 && k.Conntrack != nil {
+		a.podPath = newPodPath(k.Conntrack, a.metrics.registry)
+	}
 	if err := a.newCache(); err != nil {
 		a.removeStale()
 		return nil, err
@@ -142,21 +172,100 @@ func (a *Agent) buildHandler() http.Handler {
 	})))
 }
 
-// Ready returns nil while the agent intercepts, else the reason it does not.
+// Intercepting returns nil while the agent intercepts the Service VIP,
+// else the reason it does not.
+func (a *Agent) Intercepting() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.notIntercepting
+}
+
+// Ready returns nil while the agent is ready in the Kubernetes sense: it
+// has made its first decision and is not shutting down, and its sync loop
+// is not stuck. That is, it intercepts, or it has deliberately stepped
+// aside (an unhealthy upstream, a certificate not issued, a redirect that
+// did not take effect, a dataplane it cannot drive) and pods reach
+// kube-apiserver through kube-proxy meanwhile. Readiness must not mean
+// "intercepting": one node where the agent rightly steps aside would
+// otherwise stop a DaemonSet rollout across every healthy node. Whether it
+// intercepts is reported apart (Intercepting, /intercepting, the
+// kube_apicache_intercepting metric).
 func (a *Agent) Ready() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.notReady
+	switch {
+	case a.stopping:
+		return errors.New("shutting down")
+	case !a.decided:
+		return fmt.Errorf("starting: %w", a.notIntercepting)
+	}
+	return a.syncLoopStuck()
 }
 
-func (a *Agent) setNotReady(err error) {
+// interceptionNote adds to /intercepting what an operator should know
+// even while the agent intercepts: the latest source sent back to
+// kube-proxy's path because its traffic to the agent was dropped.
+func (a *Agent) interceptionNote() string {
+	if s := a.podPath.status(a.now()); s != "" {
+		return "latest blocked source: " + s
+	}
+	return ""
+}
+
+// Healthy returns nil unless the sync loop is stuck: the kubelet restarts
+// a container whose /healthz fails, and the kernel's liveness timeout has
+// handed the VIP back to kube-proxy long before.
+func (a *Agent) Healthy() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.notReady = err
+	return a.syncLoopStuck()
+}
+
+// syncLoopStuck says whether the run loop has not finished a sync for far
+// longer than its period allows. a.mu must be held.
+func (a *Agent) syncLoopStuck() error {
+	if a.lastSync.IsZero() || a.stopping {
+		return nil
+	}
+	if since := a.now().Sub(a.lastSync); since > a.syncStuckAfter() {
+		return fmt.Errorf("sync loop stuck: last sync finished %s ago", since.Round(time.Second))
+	}
+	return nil
+}
+
+// syncStuckAfter is how long without a finished sync means a stuck loop:
+// three periods, plus two minutes for the xtables lock waits and
+// self-checks a slow sync may make.
+func (a *Agent) syncStuckAfter() time.Duration {
+	return 3*a.cfg.SyncPeriod + 2*time.Minute
+}
+
+// syncDone records a finished sync of the run loop: from the first one on,
+// the agent has decided whether to intercept.
+func (a *Agent) syncDone() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.decided = true
+	a.lastSync = a.now()
+	a.metrics.ready.Set(1)
+}
+
+// setStopping marks the start of shutdown: the agent is no longer ready.
+func (a *Agent) setStopping() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.stopping = true
+	a.metrics.ready.Set(0)
+}
+
+func (a *Agent) setNotIntercepting(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.notIntercepting = err
 	if err == nil {
-		a.metrics.ready.Set(1)
+		a.metrics.intercepting.Set(1)
 	} else {
-		a.metrics.ready.Set(0)
+		a.metrics.intercepting.Set(0)
 	}
 }
 
@@ -219,7 +328,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		go func() { serveErr <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
 	}
 	if ml != nil {
-		msrv := &http.Server{Handler: a.metrics.handler(a.Ready, a.cfg.Profiling), ReadHeaderTimeout: 10 * time.Second}
+		msrv := &http.Server{Handler: a.metrics.handler(a.Healthy, a.Ready, a.Intercepting, a.interceptionNote, a.cfg.Profiling), ReadHeaderTimeout: 10 * time.Second}
 		go func() { serveErr <- msrv.Serve(ml) }()
 		defer msrv.Close()
 	}
@@ -230,15 +339,21 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	defer func() { stopLoops(); wg.Wait() }()
 	wg.Go(func() { a.up.run(loops, a.cfg.UpstreamHealthPeriod) })
 	wg.Go(func() { a.watchEndpoints(loops) })
+	if m := a.cfg.DetectLocalMode; m == DetectLocalPodIPs || m == DetectLocalNodeCIDR {
+		wg.Go(func() { a.runDetectLocal(loops) })
+	}
 	if a.cache != nil {
 		wg.Go(func() { a.cache.Run(loops) })
 	}
 
-	if err := a.syncAndReport(ctx); err != nil {
-		_ = srv.Close()
-		return fmt.Errorf("installing redirect: %w", err)
-	}
+	// A first sync that fails steps aside like any later one: the agent
+	// stays up and ready (a node whose dataplane it cannot drive must not
+	// stop a rollout), reports why it does not intercept, and retries.
+	a.syncOrStepAside(ctx)
 	wg.Go(func() { a.runLiveness(loops) })
+	if a.podPath != nil {
+		wg.Go(func() { a.runPodPath(loops) })
+	}
 
 	ticker := time.NewTicker(a.cfg.SyncPeriod)
 	defer ticker.Stop()
@@ -254,19 +369,7 @@ loop:
 		case <-ticker.C:
 		case <-a.syncNow:
 		}
-		if err := a.syncAndReport(ctx); err != nil {
-			// Fail open: a redirect the agent cannot vouch for (say, to an
-			// address it could not restore) must not stay.
-			logger.Error(err, "Syncing redirect failed; handing the VIP back to kube-proxy until a sync succeeds")
-			a.planeMu.Lock()
-			a.clearEntries(logger)
-			for _, d := range a.planes {
-				if err := d.chain.Remove(); err != nil {
-					logger.Error(err, "Removing redirect rules")
-				}
-			}
-			a.planeMu.Unlock()
-		}
+		a.syncOrStepAside(ctx)
 	}
 	stopLoops()
 	wg.Wait()
@@ -275,22 +378,44 @@ loop:
 	return runErr
 }
 
+// syncOrStepAside runs one sync of the run loop. When the kernel state
+// cannot be made right, it fails open: a redirect the agent cannot vouch
+// for (say, to an address it could not restore) must not stay.
+func (a *Agent) syncOrStepAside(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	if err := a.syncAndReport(ctx); err != nil {
+		logger.Error(err, "Syncing redirect failed; handing the VIP back to kube-proxy until a sync succeeds")
+		a.syncMu.Lock()
+		a.clearEntriesLocked(logger)
+		for _, d := range a.planes {
+			if err := d.chain.Remove(); err != nil {
+				logger.Error(err, "Removing redirect rules")
+			}
+		}
+		a.syncMu.Unlock()
+	}
+	a.syncDone()
+}
+
 // syncAndReport runs one sync and keeps readiness and metrics in step with
 // its outcome. It returns only errors of the kernel state (the caller fails
 // open); an unhealthy agent or a failed self-check is a not-ready agent, not
 // an error.
 func (a *Agent) syncAndReport(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
-	a.planeMu.Lock()
-	defer a.planeMu.Unlock()
-	was := a.Ready()
+	a.syncMu.Lock()
+	defer a.syncMu.Unlock()
+	was := a.Intercepting()
 	wasReady := was == nil
 	notReady, err := a.sync(ctx)
 	if err != nil {
-		a.setNotReady(fmt.Errorf("sync failed: %w", err))
+		a.setNotIntercepting(fmt.Errorf("sync failed: %w", err))
 		return err
 	}
-	a.setNotReady(notReady)
+	if notReady == nil {
+		notReady = a.podPath.bypassErr(a.now())
+	}
+	a.setNotIntercepting(notReady)
 	switch {
 	case notReady == nil && !wasReady:
 		logger.Info("Intercepting the kubernetes Service", "vips", a.cfg.ServiceVIPs, "port", a.cfg.ServicePort,
@@ -307,16 +432,18 @@ func (a *Agent) syncAndReport(ctx context.Context) error {
 }
 
 // sync is the one idempotent reconciliation of the node state, run on a
-// timer and whenever something changed. a.planeMu must be held.
+// timer and whenever something changed. a.syncMu must be held; a.planeMu
+// is taken only around changes of liveness entries.
 //
 //  1. The listen address of each family (a redirect to a missing address
 //     would black-hole traffic; the address alone attracts nothing).
 //  2. Health: certificate, upstream. Unhealthy: the liveness entries go,
 //     the rest stays, and the agent reports why (notReady).
-//  3. Per family whose listener completes a handshake: liveness set, chain
-//     (iptables or ip6tables), jumps at position 1. A family whose listener
-//     does not loses its entries and is reported in notReady; the other
-//     family is still intercepted.
+//  3. Per family whose listener completes a handshake and whose
+//     detect-local match is known: the sets, chain (iptables or ip6tables)
+//     and jumps ahead of kube-proxy's, and this node's pod IPs in PodIPs
+//     mode. A family that fails either loses its entries and is reported
+//     in notReady; the other family is still intercepted.
 //  4. Refresh the entries, then check that an unmarked connection to each
 //     VIP lands here. If not, the redirect is removed again, notReady says
 //     why, and the next attempt waits (the sync period, doubling up to
@@ -328,6 +455,7 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 	start := a.now()
 	repaired := false
 	defer func() {
+		a.interception.syncDuration.Observe(a.now().Sub(start).Seconds())
 		switch {
 		case err != nil:
 			a.metrics.ruleSyncs.WithLabelValues("error").Inc()
@@ -345,7 +473,7 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 		repaired = repaired || added[i]
 	}
 	if err := a.health(); err != nil {
-		a.clearEntries(logger)
+		a.clearEntriesLocked(logger)
 		return fmt.Errorf("unhealthy: %w", err), nil
 	}
 	if a.selfCheckErr != nil && a.now().Before(a.retryAt) {
@@ -356,16 +484,36 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 	var up []*dataplane
 	var down []error
 	for i, d := range a.planes {
-		if err := a.listenerHealth(ctx, d); err != nil {
-			if cerr := d.clear(); cerr != nil {
+		// A family whose listener does not serve, or whose pod traffic
+		// cannot be told apart yet (detect-local), is not intercepted.
+		match, err := a.localMatch(d.family)
+		if herr := a.listenerHealth(ctx, d); herr != nil {
+			err = herr
+		}
+		if err != nil {
+			a.planeMu.Lock()
+			cerr := d.clear()
+			a.planeMu.Unlock()
+			if cerr != nil {
 				return nil, cerr
 			}
 			down = append(down, err)
 			continue
 		}
+		d.setLocal(a.cfg, match)
 		setCreated, res, err := d.sync()
 		if err != nil {
 			return nil, err
+		}
+		if d.podsSet != nil {
+			// Until the first list of the node's pods arrives the set is
+			// empty: only host traffic is intercepted meanwhile.
+			ips, _ := a.local.podIPs()
+			changed, err := d.syncLocalPods(ips)
+			if err != nil {
+				return nil, err
+			}
+			repaired = repaired || changed
 		}
 		if setCreated || res.Changed() {
 			repaired = true
@@ -375,16 +523,21 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 		}
 		up = append(up, d)
 	}
+	a.planeMu.Lock()
 	for _, d := range up {
-		if err := d.refresh(); err != nil {
-			return nil, err
+		if err = d.refresh(); err != nil {
+			break
 		}
+	}
+	a.planeMu.Unlock()
+	if err != nil {
+		return nil, err
 	}
 	for _, d := range up {
 		for _, vip := range d.vips {
 			if err := a.selfCheck(ctx, vip, a.probeTimeout()); err != nil {
 				a.interception.selfChecks.WithLabelValues("failed").Inc()
-				a.clearEntries(logger)
+				a.clearEntriesLocked(logger)
 				for _, d := range a.planes {
 					if rerr := d.chain.Remove(); rerr != nil {
 						return nil, errors.Join(err, rerr)
@@ -398,9 +551,11 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 			a.interception.selfChecks.WithLabelValues("ok").Inc()
 		}
 	}
+	a.planeMu.Lock()
 	for _, d := range up {
 		d.active = true
 	}
+	a.planeMu.Unlock()
 	a.selfCheckErr, a.retryWait = nil, 0
 	if !repaired {
 		logger.V(4).Info("Redirect in sync", "elapsed", a.now().Sub(start))
@@ -423,7 +578,11 @@ const maxSelfCheckRetry = 5 * time.Minute
 // not be removed (a redirect to a missing address would black-hole
 // traffic), or if a successor has installed its redirect meanwhile.
 func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
-	a.setNotReady(errors.New("shutting down"))
+	a.setStopping()
+	a.setNotIntercepting(errors.New("shutting down"))
+	// The liveness loop has stopped; planeMu is held throughout anyway,
+	// since remove clears entries too.
+	a.syncMu.Lock()
 	a.planeMu.Lock()
 	a.clearEntries(logger)
 	removed := false
@@ -442,6 +601,7 @@ func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 		removed = true
 	}
 	a.planeMu.Unlock()
+	a.syncMu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGracePeriod)
 	defer cancel()
 	done := make(chan error, 1)
@@ -480,6 +640,8 @@ func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 // It creates nothing, so on a clean node it changes nothing.
 func (a *Agent) removeStale() {
 	logger := klog.Background()
+	a.syncMu.Lock()
+	defer a.syncMu.Unlock()
 	a.planeMu.Lock()
 	defer a.planeMu.Unlock()
 	for _, d := range a.planes {
@@ -518,6 +680,9 @@ func (a *Agent) newCache() error {
 		WaitTimeout:            a.cfg.CacheWaitTimeout,
 		ForwardConsistentReads: a.cfg.CacheForwardConsistentReads,
 		AsNode:                 a.cfg.CacheAsNode,
+		OnDemand:               true,
+		Pinned:                 a.cfg.CachePinnedResources,
+		IdleTimeout:            a.cfg.CacheIdleTimeout,
 		MaxInFlightPerSource:   a.cfg.Limits.withDefaults().MaxCacheRequestsPerSource,
 		Registerer:             a.metrics.registry,
 	})

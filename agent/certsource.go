@@ -18,6 +18,7 @@ func (a *Agent) newCertSource() (certSource, error) {
 		NodeName: cfg.NodeName,
 		SANs:     identity.ServingSANs(cfg.ServiceVIPs, cfg.ListenIPs(), orDefault(cfg.ClusterDomain, DefaultClusterDomain)),
 		CAFile:   orDefault(cfg.PodCAFile, DefaultPodCAFile),
+		StateDir: cfg.CertificateStateDir,
 	}
 	var src interface {
 		certSource

@@ -83,6 +83,11 @@ type Config struct {
 	// serving certificate (CSR spec.expirationSeconds). Zero means
 	// DefaultCertificateLifetime.
 	CertificateLifetime time.Duration
+	// CertificateStateDir, in CSR mode, is a directory (a memory-backed
+	// volume) where the serving key and certificate, a pending CSR and
+	// the last denial are kept for the next container in the pod. Empty:
+	// the key lives in the process only and every start sends a CSR.
+	CertificateStateDir string
 
 	// Chain is the nat chain the agent owns.
 	Chain string
@@ -96,10 +101,26 @@ type Config struct {
 	// LivenessTimeout is how long an entry lives after its last refresh;
 	// the agent refreshes it several times per timeout while healthy.
 	LivenessTimeout time.Duration
-	// UpstreamHealthPeriod is how often each upstream endpoint is checked.
+	// UpstreamHealthPeriod is how often upstream health is looked at: the
+	// ping interval of a silent upstream connection and the probe interval
+	// of a failing endpoint (health.go).
 	UpstreamHealthPeriod time.Duration
 	// SyncPeriod is how often the rules and address are reconciled.
 	SyncPeriod time.Duration
+	// DetectLocalMode says how pod traffic of this node is told from VIP
+	// traffic routed in from elsewhere (detectlocal.go); ClusterCIDRs,
+	// PodBridgeInterface and PodInterfaceNamePrefix serve the modes of
+	// those names.
+	DetectLocalMode        string
+	ClusterCIDRs           []netip.Prefix
+	PodBridgeInterface     string
+	PodInterfaceNamePrefix string
+	// PodPathCheckInterval is how often the pod-path check (podpath.go)
+	// scans conntrack; zero turns it off. BypassDuration is how long a
+	// source whose traffic to the agent was dropped goes to kube-proxy's
+	// path.
+	PodPathCheckInterval time.Duration
+	BypassDuration       time.Duration
 
 	// MetricsBindAddress serves /metrics, /healthz and /readyz; empty
 	// disables it.
@@ -128,6 +149,14 @@ type Config struct {
 	// (constrained impersonation of system:node:<NodeName>) rather than as
 	// the agent, whose RBAC then needs no pods or nodes at all.
 	CacheAsNode bool
+	// CachePinnedResources (a subset of CacheResources) are watched from
+	// start-up; every other cached resource is watched only from the
+	// first read an allowed caller makes of it until CacheIdleTimeout
+	// passes without one.
+	CachePinnedResources []cache.ResourceSpec
+	// CacheIdleTimeout is how long an unpinned resource's watch runs
+	// without reads before it stops; zero never stops one.
+	CacheIdleTimeout time.Duration
 
 	// Audit configures the audit log of the requests the agent answers
 	// itself (kube-apiserver's audit options); nil or without a policy
@@ -181,6 +210,11 @@ const (
 	DefaultLivenessTimeout      = time.Second
 	DefaultUpstreamHealthPeriod = 2 * time.Second
 	DefaultSyncPeriod           = 10 * time.Second
+	// A local handshake takes microseconds: a flow DNATed to the agent
+	// without a reply over two scans 250ms apart was dropped, found before
+	// TCP's first SYN retry (after one second).
+	DefaultPodPathCheckInterval = 250 * time.Millisecond
+	DefaultBypassDuration       = 10 * time.Minute
 	DefaultMetricsBindAddress   = "127.0.0.1:10445"
 	DefaultShutdownGracePeriod  = 30 * time.Second
 )
@@ -222,6 +256,15 @@ func (c *Config) Validate() error {
 	case c.hasFamily(netrules.IPv6) && !c.ListenAddressIPv6.IsValid():
 		return errors.New("--listen-address-ipv6 is required when a --service-vip is IPv6")
 	}
+	if err := c.validateDetectLocal(); err != nil {
+		return err
+	}
+	switch {
+	case c.PodPathCheckInterval < 0 || (c.PodPathCheckInterval > 0 && c.PodPathCheckInterval < 100*time.Millisecond):
+		return errors.New("--pod-path-check-interval must be 0 (off) or at least 100ms")
+	case c.PodPathCheckInterval > 0 && (c.BypassDuration < time.Second || c.BypassDuration > 24*time.Hour):
+		return errors.New("--bypass-duration must be between 1s and 24h")
+	}
 	if err := c.validateListenIPv6(); err != nil {
 		return err
 	}
@@ -244,6 +287,11 @@ func (c *Config) Validate() error {
 		return errors.New("--shutdown-grace-period must not be negative")
 	case len(c.CacheResources) > 0 && (c.CacheWaitTimeout <= 0 || c.CacheWaitTimeout > time.Minute):
 		return errors.New("--cache-wait-timeout must be positive and at most 1m")
+	case c.CacheIdleTimeout < 0 || (c.CacheIdleTimeout > 0 && c.CacheIdleTimeout < time.Second):
+		return errors.New("--cache-idle-timeout must be 0 (never stop) or at least 1s")
+	}
+	if err := cache.CheckPinned(c.CachePinnedResources, c.CacheResources); err != nil {
+		return err
 	}
 	if err := c.Limits.Validate(); err != nil {
 		return err

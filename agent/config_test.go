@@ -29,6 +29,7 @@ func validConfig() *Config {
 		LivenessSet:          DefaultLivenessSet,
 		LivenessTimeout:      DefaultLivenessTimeout,
 		UpstreamHealthPeriod: DefaultUpstreamHealthPeriod,
+		DetectLocalMode:      DetectLocalNone,
 	}
 }
 

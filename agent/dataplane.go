@@ -18,6 +18,9 @@ type Kernel struct {
 	Backend string
 	Netlink netrules.Netlink
 	IPSet   netrules.IPSet
+	// Conntrack lists the node's flows to the VIPs for the pod-path check
+	// (podpath.go); nil turns that check off.
+	Conntrack netrules.Conntrack
 }
 
 // dataplane is the agent's redirect for one IP family: the family's listen
@@ -30,7 +33,20 @@ type dataplane struct {
 	listen netip.AddrPort
 	addr   *netrules.LocalAddress
 	set    *netrules.LivenessSet
-	chain  *netrules.ChainSyncer
+	ipt    netrules.IPTables
+	// podsSet holds this node's pod IPs of the family in PodIPs
+	// detect-local mode; nil otherwise.
+	podsSet *netrules.AddressSet
+	// skip holds the sources whose traffic to the agent is dropped on its
+	// way, and seen the connection attempts redirected (podpath.go); nil
+	// when that check is off.
+	skip *netrules.LivenessSet
+	seen *netrules.AttemptSet
+	// chain syncs the redirect whose PREROUTING jump carries local, the
+	// detect-local match; both change together (setLocal). Guarded by
+	// Agent.syncMu once the agent runs.
+	chain *netrules.ChainSyncer
+	local []string
 
 	// active is set while the family's redirect is installed and passed
 	// its self-check, so that its liveness entries are kept alive. Guarded
@@ -60,17 +76,43 @@ func newDataplanes(cfg *Config, k Kernel) ([]*dataplane, error) {
 		if !listen.IsValid() || netrules.FamilyOf(listen.Addr()) != f {
 			return nil, fmt.Errorf("no %s listen address for the %s Service VIPs", familyName(f), familyName(f))
 		}
-		out = append(out, &dataplane{
+		d := &dataplane{
 			family: f,
 			vips:   slices.Clone(vips),
 			listen: listen,
 			// Both families share the link; each keeps its own address.
-			addr:  netrules.NewLocalAddress(k.Netlink, cfg.ListenLink, listen.Addr()),
-			set:   netrules.NewLivenessSet(k.IPSet, set, f, cfg.LivenessTimeout),
-			chain: netrules.NewChainSyncer(ipt, redirectChain(cfg, set, vips, listen)),
-		})
+			addr: netrules.NewLocalAddress(k.Netlink, cfg.ListenLink, listen.Addr()),
+			set:  netrules.NewLivenessSet(k.IPSet, set, f, cfg.LivenessTimeout),
+			ipt:  ipt,
+		}
+		if cfg.DetectLocalMode == DetectLocalPodIPs {
+			d.podsSet = netrules.NewAddressSet(k.IPSet, localPodsSetName(cfg, f), f)
+		}
+		if cfg.PodPathCheckInterval > 0 && k.Conntrack != nil {
+			d.skip = netrules.NewLivenessSet(k.IPSet, skipSetName(cfg, f), f, cfg.BypassDuration)
+			d.seen = netrules.NewAttemptSet(k.IPSet, seenSetName(cfg, f), f, attemptTTL)
+		}
+		// The detect-local match may not be known yet (NodeCIDR): sync
+		// sets it before the chain is first written.
+		d.setLocal(cfg, nil)
+		out = append(out, d)
 	}
 	return out, nil
+}
+
+// setLocal makes the redirect's PREROUTING jump carry match; it reports
+// whether that changed the chain the next sync writes.
+func (d *dataplane) setLocal(cfg *Config, match []string) bool {
+	if d.chain != nil && slices.Equal(d.local, match) {
+		return false
+	}
+	d.local = slices.Clone(match)
+	skip, seen := "", ""
+	if d.skip != nil {
+		skip, seen = d.skip.Name(), d.seen.Name()
+	}
+	d.chain = netrules.NewChainSyncer(d.ipt, redirectChain(cfg, d.set.Name(), d.vips, d.listen, d.local, skip, seen))
+	return true
 }
 
 // sync makes the set and chain exist as they should. The set comes first:
@@ -80,8 +122,32 @@ func (d *dataplane) sync() (setCreated bool, res netrules.SyncResult, err error)
 	if setCreated, err = d.set.Ensure(); err != nil {
 		return false, res, err
 	}
+	var ensure []func() (bool, error)
+	if d.podsSet != nil {
+		ensure = append(ensure, d.podsSet.Ensure)
+	}
+	if d.skip != nil {
+		ensure = append(ensure, d.skip.Ensure, d.seen.Ensure)
+	}
+	for _, e := range ensure {
+		created, err := e()
+		if err != nil {
+			return false, res, err
+		}
+		setCreated = setCreated || created
+	}
 	res, err = d.chain.Sync()
 	return setCreated, res, err
+}
+
+// syncLocalPods makes the pods set hold ips, this node's pod IPs (of any
+// family: the set keeps its own). It reports whether it changed the set.
+func (d *dataplane) syncLocalPods(ips []netip.Addr) (bool, error) {
+	if d.podsSet == nil {
+		return false, nil
+	}
+	added, removed, err := d.podsSet.Sync(ips)
+	return added+removed > 0, err
 }
 
 // refresh keeps the VIPs in the set for another timeout.
@@ -104,6 +170,18 @@ func (d *dataplane) remove() error {
 	}
 	if err := d.set.Destroy(); err != nil && !netrules.IsSetInUse(err) {
 		return errors.Join(errClear, err)
+	}
+	if d.podsSet != nil {
+		if err := d.podsSet.Destroy(); err != nil && !netrules.IsSetInUse(err) {
+			return errors.Join(errClear, err)
+		}
+	}
+	if d.skip != nil {
+		for _, destroy := range []func() error{d.skip.Destroy, d.seen.Destroy} {
+			if err := destroy(); err != nil && !netrules.IsSetInUse(err) {
+				return errors.Join(errClear, err)
+			}
+		}
 	}
 	return nil
 }

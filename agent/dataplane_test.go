@@ -19,6 +19,7 @@ type fakeKernel struct {
 	ipt, ip6t *fake.IPTables
 	ipset     *fake.IPSet
 	nl        *fake.Netlink
+	ct        *fake.Conntrack
 }
 
 func newFakeKernel(t *testing.T) *fakeKernel {
@@ -28,6 +29,7 @@ func newFakeKernel(t *testing.T) *fakeKernel {
 		ipt:   fake.NewIPTables(),
 		ip6t:  fake.NewIP6Tables(),
 		nl:    fake.NewNetlink(),
+		ct:    &fake.Conntrack{},
 	}
 	k.ipset = fake.NewIPSet(k.clock)
 	k.ipt.UseSets(k.ipset)
@@ -53,9 +55,10 @@ func (k *fakeKernel) kernel() Kernel {
 			}
 			return k.ipt, nil
 		},
-		Backend: "fake",
-		Netlink: k.nl,
-		IPSet:   k.ipset,
+		Backend:   "fake",
+		Netlink:   k.nl,
+		IPSet:     k.ipset,
+		Conntrack: k.ct,
 	}
 }
 

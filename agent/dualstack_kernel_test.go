@@ -83,7 +83,7 @@ func setUpKernelNode(t *testing.T, n *kernelNode, ph *netlink.Handle, fn func(n 
 		for _, f := range []netrules.Family{netrules.IPv4, netrules.IPv6} {
 			ipt, err := netrules.OpenIPTables(b, f)
 			if err == nil {
-				_, err = ipt.ListChains("nat")
+				_, err = ipt.List("nat", "PREROUTING")
 			}
 			ok = ok && err == nil
 		}

@@ -174,7 +174,7 @@ func TestSyncDualStack(t *testing.T) {
 	if got := route(k.ipt, s.vip4); got != s.vip4.String() {
 		t.Errorf("IPv4 VIP goes to %q after the IPv6 listener failed; want the agent", got)
 	}
-	if err := s.Ready(); err == nil || !strings.Contains(err.Error(), "IPv6 listener not serving") {
+	if err := s.Intercepting(); err == nil || !strings.Contains(err.Error(), "IPv6 listener not serving") {
 		t.Errorf("Ready() = %v, want the IPv6 listener named", err)
 	}
 
@@ -209,13 +209,13 @@ func TestSyncDualStack(t *testing.T) {
 	}
 }
 
-// syncLocked runs one sync as the run loop does, under planeMu.
+// syncLocked runs one sync as the run loop does, under syncMu.
 func (a *Agent) syncLocked(ctx context.Context) (error, error) {
-	a.planeMu.Lock()
-	defer a.planeMu.Unlock()
+	a.syncMu.Lock()
+	defer a.syncMu.Unlock()
 	notReady, err := a.sync(ctx)
 	if err == nil {
-		a.setNotReady(notReady)
+		a.setNotIntercepting(notReady)
 	}
 	return notReady, err
 }

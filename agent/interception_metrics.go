@@ -9,6 +9,11 @@ import (
 type interceptionMetrics struct {
 	liveness   *prometheus.CounterVec
 	selfChecks *prometheus.CounterVec
+	// refreshGap is the time between consecutive refreshes of an
+	// intercepting agent's liveness entries.
+	refreshGap prometheus.Histogram
+	// syncDuration is the time each rule sync took.
+	syncDuration prometheus.Histogram
 }
 
 func newInterceptionMetrics(reg prometheus.Registerer, up *upstreams) *interceptionMetrics {
@@ -21,14 +26,24 @@ func newInterceptionMetrics(reg prometheus.Registerer, up *upstreams) *intercept
 			Name: "kube_apicache_self_checks_total",
 			Help: "Checks that an unmarked connection to the Service VIP lands on the agent, by result (ok, failed).",
 		}, []string{"result"}),
+		refreshGap: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kube_apicache_liveness_refresh_gap_seconds",
+			Help:    "Time between consecutive refreshes of the liveness entries while intercepting. Near --liveness-timeout the kernel expires the entries and interception flaps.",
+			Buckets: []float64{0.1, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 5, 10},
+		}),
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kube_apicache_rule_sync_duration_seconds",
+			Help:    "Time each reconciliation of the redirect (address, set, chain, jumps, self-check) took.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+		}),
 	}
-	reg.MustRegister(m.liveness, m.selfChecks, &upstreamCollector{up: up})
+	reg.MustRegister(m.liveness, m.selfChecks, m.refreshGap, m.syncDuration, &upstreamCollector{up: up})
 	return m
 }
 
 var (
 	upstreamHealthyDesc = prometheus.NewDesc("kube_apicache_upstream_endpoint_healthy",
-		"1 if the kube-apiserver endpoint passed its last health check.", []string{"endpoint"}, nil)
+		"1 while the kube-apiserver endpoint's last request or probe succeeded.", []string{"endpoint"}, nil)
 	upstreamActiveDesc = prometheus.NewDesc("kube_apicache_upstream_endpoint_active",
 		"1 for the kube-apiserver endpoint requests are sent to.", []string{"endpoint"}, nil)
 )

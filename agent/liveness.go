@@ -79,6 +79,9 @@ func (a *Agent) runLiveness(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	t := time.NewTicker(a.livenessInterval())
 	defer t.Stop()
+	// lastRefresh is when the entries were last refreshed, zero after a
+	// tick that did not refresh them.
+	var lastRefresh time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -101,14 +104,15 @@ func (a *Agent) runLiveness(ctx context.Context) {
 			a.planeMu.Unlock()
 			return
 		}
+		refreshed := false
 		switch {
 		case healthErr != nil:
 			a.interception.liveness.WithLabelValues("unhealthy").Inc()
-			if a.Ready() == nil {
+			if a.Intercepting() == nil {
 				logger.Error(healthErr, "Agent unhealthy; handing the VIP back to kube-proxy")
 			}
 			a.clearEntries(logger)
-			a.setNotReady(fmt.Errorf("unhealthy: %w", healthErr))
+			a.setNotIntercepting(fmt.Errorf("unhealthy: %w", healthErr))
 			a.requestSync()
 		case !a.anyActive():
 			// Not intercepting (start-up, failed sync or self-check): the
@@ -134,7 +138,7 @@ func (a *Agent) runLiveness(ctx context.Context) {
 			if err := joinOneLine(down); err != nil {
 				a.interception.liveness.WithLabelValues("unhealthy").Inc()
 				logger.Error(err, "Listener not serving; handing its family's VIPs back to kube-proxy")
-				a.setNotReady(fmt.Errorf("unhealthy: %w", err))
+				a.setNotIntercepting(fmt.Errorf("unhealthy: %w", err))
 				a.requestSync()
 			}
 			if err := errors.Join(errs...); err != nil {
@@ -143,9 +147,24 @@ func (a *Agent) runLiveness(ctx context.Context) {
 				a.requestSync()
 			} else if len(down) == 0 {
 				a.interception.liveness.WithLabelValues("refreshed").Inc()
+				refreshed = true
 			}
 		}
 		a.planeMu.Unlock()
+		if now := a.now(); !refreshed {
+			lastRefresh = time.Time{}
+		} else {
+			if !lastRefresh.IsZero() {
+				gap := now.Sub(lastRefresh)
+				a.interception.refreshGap.Observe(gap.Seconds())
+				if gap >= a.cfg.LivenessTimeout {
+					// The entry may have expired meanwhile: connections
+					// went to kube-proxy's path for a moment.
+					a.lastLapse.Store(now.UnixNano())
+				}
+			}
+			lastRefresh = now
+		}
 	}
 }
 
@@ -158,6 +177,13 @@ func (a *Agent) anyActive() bool {
 		}
 	}
 	return false
+}
+
+// clearEntriesLocked takes a.planeMu and deletes every liveness entry.
+func (a *Agent) clearEntriesLocked(logger klog.Logger) {
+	a.planeMu.Lock()
+	defer a.planeMu.Unlock()
+	a.clearEntries(logger)
 }
 
 // clearEntries deletes every liveness entry; no family is active any more.

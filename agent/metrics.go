@@ -30,6 +30,7 @@ type metrics struct {
 	requestDuration *prometheus.HistogramVec
 	ruleSyncs       *prometheus.CounterVec
 	ready           prometheus.Gauge
+	intercepting    prometheus.Gauge
 	// rejected counts requests turned away by the in-flight limits;
 	// openConns is the client connections open now.
 	rejected  *prometheus.CounterVec
@@ -55,7 +56,11 @@ func newMetrics() *metrics {
 		}, []string{"result"}),
 		ready: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kube_apicache_ready",
-			Help: "1 while the agent intercepts the Service VIP, 0 otherwise.",
+			Help: "1 while the agent is ready (/readyz): it intercepts or has deliberately stepped aside; 0 while starting, shutting down or stuck.",
+		}),
+		intercepting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kube_apicache_intercepting",
+			Help: "1 while the agent intercepts the kubernetes Service VIP, 0 while it goes to kube-proxy's path (/intercepting says why).",
 		}),
 	}
 	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -66,7 +71,7 @@ func newMetrics() *metrics {
 		Name: "kube_apicache_open_connections",
 		Help: "Client connections open on the serving port, including upgraded ones until they are handed over.",
 	})
-	m.registry.MustRegister(m.requests, m.requestDuration, m.ruleSyncs, m.ready, m.rejected, m.openConns,
+	m.registry.MustRegister(m.requests, m.requestDuration, m.ruleSyncs, m.ready, m.intercepting, m.rejected, m.openConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -160,9 +165,10 @@ func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// handler serves /metrics, /healthz and /readyz, and with profiling
-// net/http/pprof's handlers under /debug/pprof/.
-func (m *metrics) handler(ready func() error, profiling bool) http.Handler {
+// handler serves /metrics, /healthz (healthy), /readyz (ready) and
+// /intercepting (intercepting), each 200 "ok" or 503 with the reason, and
+// with profiling the pprof endpoints.
+func (m *metrics) handler(healthy, ready, intercepting func() error, note func() string, profiling bool) http.Handler {
 	mux := http.NewServeMux()
 	if profiling {
 		// pprof.Index also serves the named profiles (heap, goroutine,
@@ -174,16 +180,19 @@ func (m *metrics) handler(ready func() error, profiling bool) http.Handler {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok"))
-	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if err := ready(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok"))
-	})
+	for path, check := range map[string]func() error{"/healthz": healthy, "/readyz": ready, "/intercepting": intercepting} {
+		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) {
+			if err := check(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			msg := "ok"
+			if n := note(); n != "" && path == "/intercepting" {
+				msg += "; " + n
+			}
+			_, _ = w.Write([]byte(msg))
+		})
+	}
 	return mux
 }
 

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -75,7 +76,9 @@ func TestResourceLabelsBounded(t *testing.T) {
 func TestProfilingHandlers(t *testing.T) {
 	for _, profiling := range []bool{false, true} {
 		t.Run(fmt.Sprintf("profiling=%v", profiling), func(t *testing.T) {
-			srv := httptest.NewServer(newMetrics().handler(func() error { return nil }, profiling))
+			ok := func() error { return nil }
+			stepAside := func() error { return errors.New("unhealthy: no upstream") }
+			srv := httptest.NewServer(newMetrics().handler(ok, ok, stepAside, func() string { return "" }, profiling))
 			defer srv.Close()
 			wantPprof := http.StatusNotFound
 			if profiling {
@@ -83,6 +86,8 @@ func TestProfilingHandlers(t *testing.T) {
 			}
 			for path, want := range map[string]int{
 				"/healthz":                       http.StatusOK,
+				"/readyz":                        http.StatusOK,
+				"/intercepting":                  http.StatusServiceUnavailable,
 				"/metrics":                       http.StatusOK,
 				"/debug/pprof/":                  wantPprof,
 				"/debug/pprof/goroutine?debug=1": wantPprof,

@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/kube-apicache/kube-apicache/netrules"
 	fake "github.com/kube-apicache/kube-apicache/netrules/testing"
 )
 
@@ -21,6 +23,13 @@ import (
 // the self-check's connection lands on it without NAT (the fake kernel does
 // not carry packets), and the upstream is ep.
 func newSyncTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) (*Agent, netip.AddrPort) {
+	t.Helper()
+	return newSyncTestAgentWith(t, k, ep, nil)
+}
+
+// newSyncTestAgentWith is newSyncTestAgent with edit applied to the
+// configuration before the dataplanes are built.
+func newSyncTestAgentWith(t *testing.T, k *fakeKernel, ep *testEndpoint, edit func(*Config)) (*Agent, netip.AddrPort) {
 	t.Helper()
 	a := &Agent{probes: newProbes(), metrics: newMetrics(), syncNow: make(chan struct{}, 1), now: time.Now}
 	cert := ep.srv.TLS.Certificates[0]
@@ -35,6 +44,10 @@ func newSyncTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) (*Agent, ne
 	cfg.ListenAddress = ap
 	cfg.ServiceVIPs = []netip.Addr{ap.Addr()}
 	cfg.ServicePort = ap.Port()
+	if edit != nil {
+		edit(cfg)
+	}
+	a.local = newLocalPods()
 	wireTestAgent(t, a, cfg, k, ep)
 	return a, ap
 }
@@ -142,5 +155,201 @@ func TestSync(t *testing.T) {
 	}
 	if got := k.nl.Addresses(); len(got) != 0 {
 		t.Errorf("addresses left: %v", got)
+	}
+}
+
+// stallingIPTables is a fake whose List blocks while stall is open: an
+// iptables call stuck behind a huge nat table or someone's xtables lock.
+type stallingIPTables struct {
+	*fake.IPTables
+	stall chan struct{}
+}
+
+func (s *stallingIPTables) List(table, chain string) ([]string, error) {
+	<-s.stall
+	return s.IPTables.List(table, chain)
+}
+
+// TestLivenessNotBehindSync checks that a sync stuck in iptables for longer
+// than the liveness timeout does not hold back the liveness refresher: the
+// entry of a healthy agent keeps being refreshed, so interception does not
+// flap while netfilter is slow.
+func TestLivenessNotBehindSync(t *testing.T) {
+	k := newFakeKernel(t)
+	ep := newTestEndpoint(t, ok)
+	a, _ := newSyncTestAgent(t, k, ep)
+	a.cfg.LivenessTimeout = time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+		t.Fatalf("first sync = %v, %v", notReady, err)
+	}
+	// Given an intercepting agent whose next sync stalls in iptables for
+	// three liveness timeouts,
+	stall := &stallingIPTables{IPTables: k.ipt, stall: make(chan struct{})}
+	d := a.planes[0]
+	d.chain = netrules.NewChainSyncer(stall, redirectChain(a.cfg, livenessSetName(a.cfg, d.family), d.vips, d.listen, d.local, "", ""))
+	go a.runLiveness(ctx)
+	synced := make(chan error, 1)
+	go func() { synced <- a.syncAndReport(ctx) }()
+	refreshed := a.interception.liveness.WithLabelValues("refreshed")
+	before := testutil.ToFloat64(refreshed)
+	time.Sleep(3 * a.cfg.LivenessTimeout)
+	// then the refresher went on meanwhile (about every 250 ms),
+	during := testutil.ToFloat64(refreshed) - before
+	close(stall.stall)
+	if err := <-synced; err != nil {
+		t.Fatalf("stalled sync: %v", err)
+	}
+	if during < 4 {
+		t.Errorf("liveness refreshed %v times while a sync stalled for %s, want at least 4", during, 3*a.cfg.LivenessTimeout)
+	}
+	// and the agent still intercepts.
+	if err := a.Intercepting(); err != nil {
+		t.Errorf("not ready after the stalled sync: %v", err)
+	}
+}
+
+// TestReadiness checks what /readyz, /healthz and /intercepting mean: ready
+// once the first sync has decided, whether or not the agent intercepts (a
+// node where it steps aside must not stop a rollout); not ready while
+// starting, shutting down or with a stuck sync loop, which also fails
+// /healthz.
+func TestReadiness(t *testing.T) {
+	k := newFakeKernel(t)
+	ep := newTestEndpoint(t, ok)
+	a, _ := newSyncTestAgent(t, k, ep)
+	a.notIntercepting = errors.New("starting")
+	a.cfg.SyncPeriod = 10 * time.Second
+	ctx := context.Background()
+	now := time.Now()
+	a.now = func() time.Time { return now }
+
+	// Given an agent that has not synced yet, it is not ready.
+	if err := a.Ready(); err == nil {
+		t.Fatal("ready before the first sync")
+	}
+	// When its upstream is down at the first sync, it steps aside and is
+	// ready, not intercepting.
+	ep.sick.Store(true)
+	a.up.checkAll(ctx, time.Second)
+	a.syncOrStepAside(ctx)
+	if err := a.Ready(); err != nil {
+		t.Errorf("not ready after stepping aside: %v", err)
+	}
+	if err := a.Intercepting(); err == nil || !strings.Contains(err.Error(), "unhealthy") {
+		t.Errorf("Intercepting() = %v, want unhealthy", err)
+	}
+	if got := testutil.ToFloat64(a.metrics.intercepting); got != 0 {
+		t.Errorf("kube_apicache_intercepting = %v, want 0", got)
+	}
+	// When the upstream recovers, it intercepts.
+	ep.sick.Store(false)
+	a.up.checkAll(ctx, time.Second)
+	a.syncOrStepAside(ctx)
+	if err := errors.Join(a.Ready(), a.Intercepting()); err != nil {
+		t.Errorf("after recovery: %v", err)
+	}
+	// When no sync finishes for three periods and two minutes, the loop
+	// is stuck: neither ready nor healthy.
+	now = now.Add(a.syncStuckAfter() + time.Second)
+	if err := a.Healthy(); err == nil || !strings.Contains(err.Error(), "sync loop stuck") {
+		t.Errorf("Healthy() with a stuck loop = %v", err)
+	}
+	if err := a.Ready(); err == nil {
+		t.Error("ready with a stuck loop")
+	}
+	a.syncOrStepAside(ctx)
+	if err := a.Healthy(); err != nil {
+		t.Errorf("Healthy() after a sync = %v", err)
+	}
+	// When shutdown begins, it is no longer ready.
+	a.setStopping()
+	if err := a.Ready(); err == nil {
+		t.Error("ready while shutting down")
+	}
+	a.removeStale()
+}
+
+// TestDetectLocal checks, per --detect-local-mode, that VIP traffic of this
+// node's own pods and of the host goes to the agent while VIP traffic
+// routed in from elsewhere (a BGP-advertised Service CIDR) keeps going to
+// kube-proxy, and that PodIPs follows the node's pods as they come and go.
+func TestDetectLocal(t *testing.T) {
+	localPod := fake.Packet{Src: netip.MustParseAddr("10.244.1.5"), InIface: "cali1234"}
+	bridged := fake.Packet{Src: netip.MustParseAddr("10.244.1.6"), InIface: "cni0"}
+	routedIn := fake.Packet{Src: netip.MustParseAddr("192.0.2.9"), InIface: "eth0"}
+	for _, tc := range []struct {
+		mode string
+		edit func(*Config)
+		// wantLocal and wantBridged say whether those sources are taken;
+		// routed-in traffic never is, except with None.
+		wantLocal, wantBridged, wantRoutedIn bool
+	}{
+		{mode: DetectLocalPodIPs, wantLocal: true},
+		{mode: DetectLocalClusterCIDR, edit: func(c *Config) { c.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")} }, wantLocal: true, wantBridged: true},
+		{mode: DetectLocalNodeCIDR, wantLocal: true, wantBridged: true},
+		{mode: DetectLocalBridgeInterface, edit: func(c *Config) { c.PodBridgeInterface = "cni0" }, wantBridged: true},
+		{mode: DetectLocalInterfaceNamePrefix, edit: func(c *Config) { c.PodInterfaceNamePrefix = "cali" }, wantLocal: true},
+		{mode: DetectLocalNone, wantLocal: true, wantBridged: true, wantRoutedIn: true},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			k := newFakeKernel(t)
+			ep := newTestEndpoint(t, ok)
+			a, vip := newSyncTestAgentWith(t, k, ep, func(c *Config) {
+				c.DetectLocalMode = tc.mode
+				if tc.edit != nil {
+					tc.edit(c)
+				}
+			})
+			mustDo(t, a.cfg.validateDetectLocal())
+			ctx := context.Background()
+			a.local.set("default/local", []netip.Addr{localPod.Src})
+			if tc.mode == DetectLocalNodeCIDR {
+				notReady, err := a.sync(ctx)
+				if err != nil || notReady == nil || !strings.Contains(notReady.Error(), "podCIDRs") {
+					t.Fatalf("sync before the Node's podCIDRs are known = %v, %v; want not intercepting", notReady, err)
+				}
+				a.local.cidrs, a.local.cidrErr = []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, nil
+			}
+			if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+				t.Fatalf("sync = %v, %v", notReady, err)
+			}
+			goesToAgent := func(p fake.Packet) bool {
+				t.Helper()
+				p.Dst = vip
+				to, err := k.ipt.Traverse("PREROUTING", p)
+				mustDo(t, err)
+				return to == vip.String()
+			}
+			for _, c := range []struct {
+				name string
+				p    fake.Packet
+				want bool
+			}{{"local pod", localPod, tc.wantLocal}, {"bridged pod", bridged, tc.wantBridged}, {"routed in", routedIn, tc.wantRoutedIn}} {
+				if got := goesToAgent(c.p); got != c.want {
+					t.Errorf("%s: to the agent = %v, want %v", c.name, got, c.want)
+				}
+			}
+			if to, err := k.ipt.Traverse("OUTPUT", fake.Packet{Dst: vip}); err != nil || to != vip.String() {
+				t.Errorf("host traffic goes to %q (%v), want the agent", to, err)
+			}
+			if tc.mode != DetectLocalPodIPs {
+				return
+			}
+			// A pod that leaves the node leaves the set; a new one joins.
+			a.local.set("default/local", nil)
+			a.local.set("default/new", []netip.Addr{netip.MustParseAddr("10.244.1.7")})
+			if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+				t.Fatalf("sync = %v, %v", notReady, err)
+			}
+			if goesToAgent(localPod) || !goesToAgent(fake.Packet{Src: netip.MustParseAddr("10.244.1.7")}) {
+				t.Errorf("the pods set did not follow the node's pods:\n%s", k.ipset.Save())
+			}
+			a.removeStale()
+			if got := k.ipset.Save(); got != "" {
+				t.Errorf("sets left:\n%s", got)
+			}
+		})
 	}
 }

@@ -244,3 +244,17 @@ func podCAPool(t *testing.T, pod *sandbox.Pod) *x509.CertPool {
 	}
 	return pool
 }
+
+// agentEndpoint returns the status code and body of one of the agent's
+// health paths (/healthz, /readyz, /intercepting), asked from the node.
+func agentEndpoint(ctx context.Context, c *sandbox.Cluster, path string) (int, string, error) {
+	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: c.Node.DialContext}}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sandbox.AgentMetricsAddr+path, nil)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.TrimSpace(string(b)), err
+}

@@ -152,19 +152,6 @@ func servedLeaf(ctx context.Context, pod *sandbox.Pod, pool *x509.CertPool, serv
 	return conn.ConnectionState().PeerCertificates[0], nil
 }
 
-// agentReadyz returns the agent's /readyz status and body, from the node.
-func agentReadyz(ctx context.Context, c *sandbox.Cluster) (int, string, error) {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: c.Node.DialContext}}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sandbox.AgentMetricsAddr+"/readyz", nil)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
-}
-
 // TestServingIdentity is the CSR scenario, in order on one agent:
 //
 //  1. Given the approver running and an agent started without a
@@ -716,17 +703,17 @@ func TestUntrustedServingCertificate(t *testing.T) {
 		if done, err := proc.Exited(); done {
 			return false, fmt.Errorf("agent exited (%v)", err)
 		}
-		code, b, err := agentReadyz(ctx, c)
+		code, b, err := agentEndpoint(ctx, c, "/intercepting")
 		body = b
 		return err == nil && code == http.StatusServiceUnavailable && strings.Contains(b, "does not verify"), nil
 	})
 	if err != nil {
-		t.Fatalf("/readyz never gave the trust failure (last body %q): %v", body, err)
+		t.Fatalf("/intercepting never gave the trust failure (last body %q): %v", body, err)
 	}
-	figuref(t, "/readyz: %s", strings.TrimSpace(body))
+	figuref(t, "/intercepting: %s", strings.TrimSpace(body))
 	for _, want := range []string{"certificate signed by unknown authority", "some-other-ca"} {
 		if !strings.Contains(body, want) {
-			t.Errorf("/readyz body %q lacks %q", body, want)
+			t.Errorf("/intercepting body %q lacks %q", body, want)
 		}
 	}
 	time.Sleep(3 * time.Second) // several sync periods
@@ -769,8 +756,8 @@ func TestUntrustedServingCertificate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pods still reach the agent after its certificate stopped verifying: %v", err)
 	}
-	if code, b, err := agentReadyz(ctx, c); err != nil || code != http.StatusServiceUnavailable || !strings.Contains(b, "does not verify") {
-		t.Errorf("/readyz = %d %q (%v), want 503 with the trust failure", code, b, err)
+	if code, b, err := agentEndpoint(ctx, c, "/intercepting"); err != nil || code != http.StatusServiceUnavailable || !strings.Contains(b, "does not verify") {
+		t.Errorf("/intercepting = %d %q (%v), want 503 with the trust failure", code, b, err)
 	}
 	figuref(t, "certificate that stopped verifying: pods go to kube-apiserver again")
 }

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -14,6 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/kube-apicache/kube-apicache/agent"
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
@@ -335,8 +337,9 @@ func readNodeState(t *testing.T, ctx context.Context, c *sandbox.Cluster) nodeSt
 // TestStartKillCycles: given 100 agents started one after the other, each
 // killed with SIGKILL at a random point of its start-up or while serving,
 // when a last agent starts, then the node holds exactly one chain with its
-// two rules (the RETURN for marked traffic first), one jump per hook in
-// first position, one set with one entry and one address, and requests
+// four rules (the RETURN for marked traffic first, then the one for
+// skipped sources, the record of redirected attempts and the DNAT), one
+// jump per hook in first position, one set with one entry and one address, and requests
 // through the VIP are answered by the agent, not looped back to it.
 func TestStartKillCycles(t *testing.T) {
 	c := requireCluster(t)
@@ -368,14 +371,14 @@ func TestStartKillCycles(t *testing.T) {
 		if done, _ := proc.Exited(); !done {
 			t.Fatalf("cycle %d: agent did not die", i)
 		}
-		if s := readNodeState(t, ctx, c); s.Chains > 1 || s.Jumps > 2 || s.ChainRules > 2 || s.Sets > 1 || s.Entries > 1 || s.Addresses > 1 {
+		if s := readNodeState(t, ctx, c); s.Chains > 1 || s.Jumps > 2 || s.ChainRules > 4 || s.Sets > 1 || s.Entries > 1 || s.Addresses > 1 {
 			t.Fatalf("cycle %d: duplicated state: %+v", i, s)
 		}
 	}
 	figuref(t, "%d start/kill cycles (%d killed while serving) in %s", cycles, readyKills, time.Since(start).Round(time.Second))
 
 	a := startAgent(t, ctx, c)
-	want := nodeState{Chains: 1, ChainRules: 2, Jumps: 2, Sets: 1, Entries: 1, Addresses: 1, JumpFirst: true, ReturnFirst: true}
+	want := nodeState{Chains: 1, ChainRules: 4, Jumps: 2, Sets: 1, Entries: 1, Addresses: 1, JumpFirst: true, ReturnFirst: true}
 	if got := readNodeState(t, ctx, c); got != want {
 		nat, addrs, _ := c.NodeNetState(ctx)
 		t.Fatalf("node state after the cycles = %+v, want %+v\n%s\n%s", got, want, nat, addrs)
@@ -442,6 +445,8 @@ func TestRulesRestored(t *testing.T) {
 		t.Fatalf("unexpected initial state %+v", want)
 	}
 	jump := []string{"-m", "comment", "--comment", "kube-apicache: redirect the kubernetes Service VIP", "-j", sandbox.AgentChain}
+	// The PREROUTING jump carries the sandbox's detect-local match.
+	preJump := append([]string{"-s", sandbox.ClusterPodCIDR}, jump...)
 	ipt := func(args ...string) {
 		t.Helper()
 		if err := c.Node.Run(ctx, append([]string{"iptables", "-w", "-t", "nat"}, args...)...); err != nil {
@@ -452,12 +457,12 @@ func TestRulesRestored(t *testing.T) {
 		name   string
 		change func()
 	}{
-		{"jump deleted from PREROUTING", func() { ipt(append([]string{"-D", "PREROUTING"}, jump...)...) }},
+		{"jump deleted from PREROUTING", func() { ipt(append([]string{"-D", "PREROUTING"}, preJump...)...) }},
 		{"jump moved behind kube-proxy in OUTPUT", func() {
 			ipt(append([]string{"-D", "OUTPUT"}, jump...)...)
 			ipt(append([]string{"-A", "OUTPUT"}, jump...)...)
 		}},
-		{"DNAT rule deleted", func() { ipt("-D", sandbox.AgentChain, "2") }},
+		{"DNAT rule deleted", func() { ipt("-D", sandbox.AgentChain, "4") }},
 		{"marked-traffic RETURN moved last", func() {
 			ipt("-D", sandbox.AgentChain, "1")
 			ipt("-A", sandbox.AgentChain, "-m", "mark", "--mark", "0x1000/0x1000", "-j", "RETURN")
@@ -560,20 +565,6 @@ func TestAPIServerEndpointStopped(t *testing.T) {
 	}
 }
 
-// readyz returns the agent's /readyz status code and body.
-func readyz(t *testing.T, ctx context.Context, c *sandbox.Cluster) (int, string) {
-	t.Helper()
-	client := &http.Client{Transport: &http.Transport{DialContext: c.Node.DialContext}, Timeout: 5 * time.Second}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sandbox.AgentMetricsAddr+"/readyz", nil)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, err.Error()
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, strings.TrimSpace(string(b))
-}
-
 // TestSelfCheckKeepsAgentOut: given a node where the redirect cannot take
 // effect for the node's own connections (here a raw-table NOTRACK rule
 // keeps them out of NAT, as a socket-level load balancer keeps them out of
@@ -608,13 +599,18 @@ func TestSelfCheckKeepsAgentOut(t *testing.T) {
 	stopOnCleanup(t, proc, "agent", 0, 40*time.Second)
 	var code int
 	var body string
-	waitFor(t, 30*time.Second, "readyz reporting the failed self-check", func() bool {
-		code, body = readyz(t, ctx, c)
+	waitFor(t, 30*time.Second, "/intercepting reporting the failed self-check", func() bool {
+		code, body, _ = agentEndpoint(ctx, c, "/intercepting")
 		return strings.Contains(body, "self-check failed")
 	})
-	figuref(t, "readyz with the obstacle: %d %s", code, body)
+	figuref(t, "/intercepting with the obstacle: %d %s", code, body)
 	if code != http.StatusServiceUnavailable {
-		t.Errorf("readyz = %d, want 503", code)
+		t.Errorf("/intercepting = %d, want 503", code)
+	}
+	// The agent stepped aside deliberately: it is ready, so a DaemonSet
+	// rollout goes on past this node.
+	if code, body, err := agentEndpoint(ctx, c, "/readyz"); code != http.StatusOK {
+		t.Errorf("/readyz while stepped aside = %d %q (%v), want 200", code, body, err)
 	}
 	// Between two attempts (the next one waits at least a sync period), no
 	// redirect is left in place.
@@ -627,11 +623,153 @@ func TestSelfCheckKeepsAgentOut(t *testing.T) {
 
 	removeObstacle()
 	took := waitFor(t, 30*time.Second, "agent ready once the obstacle is gone", func() bool {
-		code, _ := readyz(t, ctx, c)
+		code, _, _ := agentEndpoint(ctx, c, "/intercepting")
 		return code == http.StatusOK
 	})
 	figuref(t, "intercepting %s after the obstacle was removed (sync period 2s, retries back off)", took.Round(10*time.Millisecond))
 	if s := readNodeState(t, ctx, c); !s.JumpFirst || s.Entries != 1 {
 		t.Errorf("node state once ready: %+v", s)
+	}
+}
+
+// TestDetectLocalPodIPs: given an agent in the default detect-local mode,
+// which intercepts only the IPs of the pods the API places on this node,
+// when a pod is created, then its VIP connections reach the agent once its
+// IP is in the agent's set; and when the Pod object is deleted while its
+// network stays (standing for VIP traffic routed in from elsewhere: a
+// source that is no pod of this node), then its connections go to
+// kube-apiserver through kube-proxy again, while the host is still
+// intercepted.
+func TestDetectLocalPodIPs(t *testing.T) {
+	c := requireCluster(t)
+	ctx := context.Background()
+	startAgent(t, ctx, c, "--detect-local-mode=PodIPs")
+	ns := "detect-local"
+	created := time.Now()
+	pod := newClientPod(t, ctx, c, ns, "local-pod")
+	pool := podCAPool(t, pod)
+	agentCN := "system:node:" + sandbox.NodeName
+	servedBy := func() string {
+		leaf, err := servedLeaf(ctx, pod, pool, "kubernetes.default.svc")
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		if leaf.Subject.CommonName == agentCN {
+			return "agent"
+		}
+		return "apiserver"
+	}
+	took := waitFor(t, 20*time.Second, "the new pod's VIP connections reach the agent", func() bool { return servedBy() == "agent" })
+	figuref(t, "detect-local PodIPs: a new pod intercepted %s after its creation began (%s after the pod was set up)",
+		time.Since(created).Round(time.Millisecond), took.Round(time.Millisecond))
+
+	if err := c.Admin.CoreV1().Pods(ns).Delete(ctx, "local-pod", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	took = waitFor(t, 20*time.Second, "a source that is no pod of this node goes to kube-proxy's path", func() bool { return servedBy() == "apiserver" })
+	figuref(t, "detect-local PodIPs: %s after its Pod object went, the same source reaches kube-apiserver through kube-proxy", took.Round(time.Millisecond))
+	if code, body, err := agentEndpoint(ctx, c, "/intercepting"); code != http.StatusOK {
+		t.Errorf("/intercepting = %d %q (%v): the host must stay intercepted", code, body, err)
+	}
+}
+
+// TestPodPathBlocked: given an intercepting agent and a pod whose traffic
+// to the agent's listen address a filter drops (as Calico applies a pod's
+// egress policy to pod-to-host traffic, or a host firewall that drops
+// INPUT except on lo) while the node's own path, which the self-check
+// tests, is fine, when the pod opens a connection to the VIP, then it
+// reaches kube-apiserver through kube-proxy within TCP's first SYN retry,
+// and the agent says why on /intercepting and in its metrics, while other
+// sources stay intercepted.
+func TestPodPathBlocked(t *testing.T) {
+	c := requireCluster(t)
+	ctx := context.Background()
+	a := startAgent(t, ctx, c)
+	pod := newClientPod(t, ctx, c, "pod-path", "blocked-pod")
+	pool := podCAPool(t, pod)
+	servedByAgent := func() bool {
+		leaf, err := servedLeaf(ctx, pod, pool, "kubernetes.default.svc")
+		return err == nil && leaf.Subject.CommonName == "system:node:"+sandbox.NodeName
+	}
+	waitFor(t, 10*time.Second, "the pod is intercepted", servedByAgent)
+
+	drop := []string{"-s", pod.IP, "-d", sandbox.AgentListenIP, "-p", "tcp", "--dport", strconv.Itoa(sandbox.AgentListenPort), "-j", "DROP"}
+	if err := c.Node.Run(ctx, append([]string{"iptables", "-w", "-I", "INPUT"}, drop...)...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Node.Run(context.Background(), append([]string{"iptables", "-w", "-D", "INPUT"}, drop...)...)
+	})
+
+	client := vipClient(t, pod, false)
+	start := time.Now()
+	resp, err := client.Get(vipURL("/version"))
+	took := time.Since(start)
+	if err != nil {
+		t.Fatalf("GET /version from the blocked pod: %v (after %s)", err, took)
+	}
+	resp.Body.Close()
+	figuref(t, "pod-path: a pod whose traffic to the agent is dropped reached kube-apiserver through kube-proxy %s after its request began (TCP retries its SYN after 1s)", took.Round(time.Millisecond))
+	if took > 3*time.Second {
+		t.Errorf("the blocked pod took %s to reach kube-apiserver, want about one SYN retry (1s)", took)
+	}
+	if servedByAgent() {
+		t.Error("the blocked pod is still sent to the agent")
+	}
+	code, body, err := agentEndpoint(ctx, c, "/intercepting")
+	if code != http.StatusOK || !strings.Contains(body, "dropped on the way") || !strings.Contains(body, pod.IP) {
+		t.Errorf("/intercepting = %d %q (%v), want ok with the blocked source", code, body, err)
+	}
+	figuref(t, "pod-path: /intercepting: %s", body)
+	text, err := a.Metrics(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text, `kube_apicache_pod_path_blocked_total{family="IPv4"} 1`) {
+		t.Errorf("metrics lack one blocked connection:\n%s", grepLines(text, "pod_path"))
+	}
+	// Another pod is still intercepted.
+	other := newClientPod(t, ctx, c, "pod-path", "other-pod")
+	otherPool := podCAPool(t, other)
+	waitFor(t, 10*time.Second, "another pod is still intercepted", func() bool {
+		leaf, err := servedLeaf(ctx, other, otherPool, "kubernetes.default.svc")
+		return err == nil && leaf.Subject.CommonName == "system:node:"+sandbox.NodeName
+	})
+}
+
+// TestCleanupAfterKill: given an agent SIGKILLed while intercepting, which
+// leaves its address, sets and rules on the node (inert: the liveness entry
+// expires, and the VIP goes to kube-proxy), when `kube-apicache cleanup`
+// runs on the node, then it reports and removes all of it, and a second
+// run finds nothing.
+func TestCleanupAfterKill(t *testing.T) {
+	c := requireCluster(t)
+	ctx := context.Background()
+	a := startAgent(t, ctx, c)
+	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, a.Process, 10*time.Second)
+	if s := readNodeState(t, ctx, c); s.Chains != 1 || s.Addresses != 1 || s.Sets != 1 {
+		t.Fatalf("state after SIGKILL: %+v, want the chain, address and set left behind", s)
+	}
+	out, err := a.Pod.Command(ctx, agentBin, "cleanup").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kube-apicache cleanup: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		"removed chain nat/" + sandbox.AgentChain + " and its jumps",
+		"removed ipset " + sandbox.AgentLivenessSet,
+		"removed address " + sandbox.AgentListenIP,
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("cleanup output lacks %q:\n%s", want, out)
+		}
+	}
+	figuref(t, "cleanup after SIGKILL:\n%s", strings.TrimSpace(string(out)))
+	assertNoAgentState(t, ctx, c)
+	out, err = a.Pod.Command(ctx, agentBin, "cleanup").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "nothing of kube-apicache found") {
+		t.Errorf("second cleanup: %v\n%s", err, out)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"slices"
 	"sort"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/wait"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"k8s.io/utils/ptr"
@@ -363,6 +365,13 @@ func (s *dsScenario) install(t *testing.T, ctx context.Context) {
 	}
 	figuref(t, "install: kubectl apply -k; approver Available %s, agent CSR approved (%s) and issued %s, DaemonSet pod Ready %s after the apply",
 		available.Round(time.Millisecond), csrReason, approved.Round(time.Millisecond), ready.Round(time.Millisecond))
+
+	// Ready means decided, not intercepting: wait for interception too.
+	took := waitFor(t, time.Minute, "the agent intercepts", func() bool {
+		code, _, _ := agentEndpoint(ctx, c, "/intercepting")
+		return code == http.StatusOK
+	})
+	figuref(t, "install: intercepting %s after the pod was Ready", took.Round(time.Millisecond))
 
 	// Then the jumps come first, ahead of kube-proxy's, in both hooks, and
 	// the liveness set holds the VIP.
@@ -714,6 +723,16 @@ func (s *dsScenario) rollout(t *testing.T, ctx context.Context) {
 	waitFor(t, 10*time.Second, "the loads go through the agent", func() bool { return s.intercepting(t, ctx) })
 	before := s.forwardedCount(t, ctx)
 
+	// The shipped strategy replaces a percentage of the nodes at once,
+	// which fail-open makes safe (one node at a time takes days on a
+	// large fleet).
+	ds, err := s.c.Admin.AppsV1().DaemonSets(sandbox.AgentNamespace).Get(ctx, "kube-apicache", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mu := ds.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable; mu == nil || mu.Type != intstr.String || !strings.HasSuffix(mu.StrVal, "%") {
+		t.Errorf("DaemonSet maxUnavailable = %v, want a percentage", mu)
+	}
 	start := time.Now()
 	s.mustKubectl(t, ctx, "-n", sandbox.AgentNamespace, "rollout", "restart", "daemonset/kube-apicache")
 	out := s.mustKubectl(t, ctx, "-n", sandbox.AgentNamespace, "rollout", "status", "daemonset/kube-apicache", "--timeout=3m")
@@ -798,7 +817,7 @@ func (s *dsScenario) assertNoDuplicates(t *testing.T, ctx context.Context, when 
 			dnat++
 		}
 	}
-	if st.Chains != 1 || preJumps != 1 || outJumps != 1 || pre != 0 || outp != 0 || dnat != 1 || st.ChainRules != 2 ||
+	if st.Chains != 1 || preJumps != 1 || outJumps != 1 || pre != 0 || outp != 0 || dnat != 1 || st.ChainRules != 4 ||
 		st.Sets != 1 || st.Entries != 1 || st.Addresses != 1 {
 		t.Errorf("%s: node state %+v, jumps PREROUTING %d (first at %d) OUTPUT %d (first at %d), DNAT rules %d; want one of each, jumps first:\n%s\n%s",
 			when, st, preJumps, pre, outJumps, outp, dnat, nat, addrs)

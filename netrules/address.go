@@ -146,6 +146,34 @@ func (a *LocalAddress) up(link netlink.Link) error {
 	return nil
 }
 
+// Present returns the link that holds the address, looking where Sync
+// puts it (the dummy link or loopback), or "" when neither does.
+func (a *LocalAddress) Present() (string, error) {
+	family := netlink.FAMILY_V4
+	if a.addr.Is6() {
+		family = netlink.FAMILY_V6
+	}
+	for _, name := range []string{a.link, LoopbackLink} {
+		link, err := a.nl.LinkByName(name)
+		if isLinkNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return "", fmt.Errorf("looking up link %s: %w", name, err)
+		}
+		addrs, err := a.nl.AddrList(link, family)
+		if err != nil && !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return "", fmt.Errorf("listing addresses of %s: %w", name, err)
+		}
+		for _, x := range addrs {
+			if ip, ok := netip.AddrFromSlice(x.IP); ok && ip.Unmap() == a.addr {
+				return name, nil
+			}
+		}
+	}
+	return "", nil
+}
+
 // Remove deletes the address, and the dummy link if this created one. A
 // missing address or link is not an error.
 func (a *LocalAddress) Remove() error {

@@ -100,25 +100,29 @@ func (s *LivenessSet) seconds() uint32 {
 // Ensure creates the set unless a compatible one exists. It reports whether
 // it created it.
 func (s *LivenessSet) Ensure() (bool, error) {
-	res, err := s.ipset.IpsetList(s.name)
+	timeout := s.seconds()
+	return ensureSet(s.ipset, s.name, "hash:ip", s.family, &timeout)
+}
+
+// ensureSet creates set name of typ and family, with a default timeout if
+// timeout is not nil, unless a set of that name, type, family and kind of
+// timeout exists. A set of the same name but of another kind cannot be
+// ours to keep: it is replaced (which fails while a rule references it).
+// It reports whether it created the set.
+func ensureSet(ipset IPSet, name, typ string, family Family, timeout *uint32) (bool, error) {
+	res, err := ipset.IpsetList(name)
 	switch {
-	case err == nil && res.TypeName == "hash:ip" && Family(res.Family) == s.family && res.Timeout != nil:
+	case err == nil && res.TypeName == typ && Family(res.Family) == family && (res.Timeout != nil) == (timeout != nil):
 		return false, nil
 	case err == nil:
-		// Same name, wrong kind: it cannot be ours to keep.
-		if err := s.ipset.IpsetDestroy(s.name); err != nil {
-			return false, fmt.Errorf("replacing ipset %s (%s, family %d): %w", s.name, res.TypeName, res.Family, err)
+		if err := ipset.IpsetDestroy(name); err != nil {
+			return false, fmt.Errorf("replacing ipset %s (%s, family %d): %w", name, res.TypeName, res.Family, err)
 		}
 	case !IsSetNotExist(err):
-		return false, fmt.Errorf("listing ipset %s: %w", s.name, err)
+		return false, fmt.Errorf("listing ipset %s: %w", name, err)
 	}
-	timeout := s.seconds()
-	err = s.ipset.IpsetCreate(s.name, "hash:ip", netlink.IpsetCreateOptions{
-		Family:  uint8(s.family),
-		Timeout: &timeout,
-	})
-	if err != nil {
-		return false, fmt.Errorf("creating ipset %s: %w", s.name, err)
+	if err := ipset.IpsetCreate(name, typ, netlink.IpsetCreateOptions{Family: uint8(family), Timeout: timeout}); err != nil {
+		return false, fmt.Errorf("creating ipset %s: %w", name, err)
 	}
 	return true, nil
 }
@@ -151,10 +155,13 @@ func (s *LivenessSet) Clear(ips []netip.Addr) error {
 }
 
 // Entries returns the addresses in the set now, sorted.
-func (s *LivenessSet) Entries() ([]netip.Addr, error) {
-	res, err := s.ipset.IpsetList(s.name)
+func (s *LivenessSet) Entries() ([]netip.Addr, error) { return setEntries(s.ipset, s.name) }
+
+// setEntries returns the addresses in set name now, sorted.
+func setEntries(ipset IPSet, name string) ([]netip.Addr, error) {
+	res, err := ipset.IpsetList(name)
 	if err != nil {
-		return nil, fmt.Errorf("listing ipset %s: %w", s.name, err)
+		return nil, fmt.Errorf("listing ipset %s: %w", name, err)
 	}
 	var out []netip.Addr
 	for _, e := range res.Entries {
@@ -169,8 +176,13 @@ func (s *LivenessSet) Entries() ([]netip.Addr, error) {
 // Destroy deletes the set. A set that does not exist is not an error; one
 // still referenced by a rule is (IsSetInUse), so rules go first.
 func (s *LivenessSet) Destroy() error {
-	if err := s.ipset.IpsetDestroy(s.name); err != nil && !IsSetNotExist(err) {
-		return fmt.Errorf("destroying ipset %s: %w", s.name, err)
+	return destroySet(s.ipset, s.name)
+}
+
+// destroySet deletes set name; one that does not exist is not an error.
+func destroySet(ipset IPSet, name string) error {
+	if err := ipset.IpsetDestroy(name); err != nil && !IsSetNotExist(err) {
+		return fmt.Errorf("destroying ipset %s: %w", name, err)
 	}
 	return nil
 }

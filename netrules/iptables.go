@@ -11,8 +11,13 @@ import (
 
 // IPTables is the subset of go-iptables that this package uses. List returns
 // `iptables -S` lines: "-N C" or "-P C POLICY" first, then "-A C ..." rules.
+//
+// Every call names one chain. Nothing here lists a whole table: on a node
+// with kube-proxy's rules for thousands of Services, `iptables -t nat -S`
+// costs seconds of CPU and hundreds of megabytes, while listing one chain
+// costs milliseconds whatever the table holds.
 type IPTables interface {
-	ListChains(table string) ([]string, error)
+	ChainExists(table, chain string) (bool, error)
 	List(table, chain string) ([]string, error)
 	NewChain(table, chain string) error
 	Insert(table, chain string, pos int, rulespec ...string) error
@@ -31,22 +36,33 @@ func IsNotExist(err error) bool {
 }
 
 // Chain describes one chain owned by the caller: its full contents, and the
-// built-in chains that must jump to it as their very first rule.
+// built-in chains that must jump to it ahead of certain other rules.
 type Chain struct {
 	Table string
 	Name  string
 	// Rules are the chain's contents, in order. Their Table and Chain fields
 	// are ignored: they always live in Table/Name.
 	Rules [][]string
-	// JumpFrom lists built-in chains (PREROUTING, OUTPUT, ...) whose first
-	// rule must be "-j Name". The jump carries Comment so that it is
-	// recognisable in iptables-save output.
+	// JumpFrom lists built-in chains (PREROUTING, OUTPUT, ...) that must
+	// hold exactly one "-j Name" rule. The jump carries Comment so that it
+	// is recognisable in iptables-save output.
 	JumpFrom []string
 	Comment  string
+	// JumpMatch holds, per JumpFrom chain, matches the jump from that
+	// chain carries ahead of its comment (say, "-s 10.244.0.0/16").
+	JumpMatch map[string][]string
+	// Before lists the targets (kube-proxy's KUBE-SERVICES) whose jumps the
+	// jump to Name must precede. Rules of others may come first: a
+	// component that keeps its own jump at the top (Calico's Felix does)
+	// and the agent then both stay where they are instead of moving each
+	// other on every sync. An empty Before requires the jump to be first.
+	Before []string
 }
 
-func (c *Chain) jumpArgs() []string {
-	return []string{"-m", "comment", "--comment", c.Comment, "-j", c.Name}
+// jumpArgs returns the jump to the chain from the chain from.
+func (c *Chain) jumpArgs(from string) []string {
+	args := slices.Clone(c.JumpMatch[from])
+	return append(args, "-m", "comment", "--comment", c.Comment, "-j", c.Name)
 }
 
 // ChainSyncer makes the kernel's iptables state match a Chain and removes it
@@ -89,21 +105,19 @@ func (s *ChainSyncer) Sync() (SyncResult, error) {
 	var res SyncResult
 	c := &s.chain
 
-	chains, err := s.ipt.ListChains(c.Table)
+	current, err := s.listArgs(c.Name)
 	if err != nil {
-		return res, fmt.Errorf("listing chains of table %s: %w", c.Table, err)
-	}
-	if !slices.Contains(chains, c.Name) {
+		// Listing a missing chain fails; so may other trouble. Tell them
+		// apart with a second look before creating anything.
+		exists, xerr := s.ipt.ChainExists(c.Table, c.Name)
+		if xerr != nil || exists {
+			return res, errors.Join(err, xerr)
+		}
 		if err := s.ipt.NewChain(c.Table, c.Name); err != nil {
 			return res, fmt.Errorf("creating chain %s/%s: %w", c.Table, c.Name, err)
 		}
 		res.ChainCreated = true
-		s.applied = nil
-	}
-
-	current, err := s.listArgs(c.Name)
-	if err != nil {
-		return res, err
+		s.applied, current = nil, nil
 	}
 	if s.applied == nil || !slices.EqualFunc(current, s.applied, slices.Equal[[]string]) {
 		if err := s.rewrite(); err != nil {
@@ -169,22 +183,16 @@ func (s *ChainSyncer) list(chain string) ([]parsedRule, error) {
 	return parseRules(lines), nil
 }
 
-// syncJump makes our exact jump rule the first rule of from, and the only
-// rule there that jumps or goes to the chain. It reports whether it had to
-// change anything.
+// syncJump makes our exact jump rule the only rule of from that jumps or
+// goes to the chain, ahead of every rule targeting one of Before (or first,
+// with no Before). It reports whether it had to change anything.
 func (s *ChainSyncer) syncJump(from string) (bool, error) {
 	c := &s.chain
 	rules, err := s.list(from)
 	if err != nil {
 		return false, err
 	}
-	var ours int
-	for _, r := range rules {
-		if r.target() == c.Name {
-			ours++
-		}
-	}
-	if ours == 1 && slices.Equal(rules[0].args, c.jumpArgs()) {
+	if s.jumpInPlace(from, rules) {
 		return false, nil
 	}
 	// Remove every jump, then insert ours at the head. Deleting by
@@ -194,10 +202,33 @@ func (s *ChainSyncer) syncJump(from string) (bool, error) {
 	if err := s.deleteJumps(from); err != nil {
 		return false, err
 	}
-	if err := s.ipt.Insert(c.Table, from, 1, c.jumpArgs()...); err != nil {
+	if err := s.ipt.Insert(c.Table, from, 1, c.jumpArgs(from)...); err != nil {
 		return false, fmt.Errorf("inserting jump %s/%s -> %s: %w", c.Table, from, c.Name, err)
 	}
 	return true, nil
+}
+
+// jumpInPlace reports whether rules, a JumpFrom chain's contents, hold our
+// exact jump once and no other jump to the chain, placed as Before asks.
+func (s *ChainSyncer) jumpInPlace(from string, rules []parsedRule) bool {
+	c := &s.chain
+	at, ours := -1, 0
+	for i, r := range rules {
+		t := r.target()
+		if t == c.Name {
+			ours++
+			if slices.Equal(r.args, c.jumpArgs(from)) {
+				at = i
+			}
+			continue
+		}
+		if at < 0 && (len(c.Before) == 0 || slices.Contains(c.Before, t)) {
+			// A rule we must precede comes before our jump (or, with no
+			// Before, any rule at all does).
+			return false
+		}
+	}
+	return ours == 1 && at >= 0
 }
 
 // deleteJumps removes every rule of from that jumps or goes to the chain.
@@ -240,11 +271,11 @@ func (s *ChainSyncer) Remove() error {
 		// A jump may remain: keep the chain it points to.
 		return errors.Join(errs...)
 	}
-	chains, err := s.ipt.ListChains(c.Table)
+	exists, err := s.ipt.ChainExists(c.Table, c.Name)
 	if err != nil {
-		return fmt.Errorf("listing chains of table %s: %w", c.Table, err)
+		return fmt.Errorf("looking for chain %s/%s: %w", c.Table, c.Name, err)
 	}
-	if !slices.Contains(chains, c.Name) {
+	if !exists {
 		return nil
 	}
 	if err := s.ipt.ClearChain(c.Table, c.Name); err != nil {
@@ -260,9 +291,9 @@ func (s *ChainSyncer) Remove() error {
 // it: on shutdown, a chain that reappeared after Remove means a successor
 // has taken over.
 func (s *ChainSyncer) Present() (bool, error) {
-	chains, err := s.ipt.ListChains(s.chain.Table)
+	exists, err := s.ipt.ChainExists(s.chain.Table, s.chain.Name)
 	if err != nil {
-		return false, fmt.Errorf("listing chains of table %s: %w", s.chain.Table, err)
+		return false, fmt.Errorf("looking for chain %s/%s: %w", s.chain.Table, s.chain.Name, err)
 	}
-	return slices.Contains(chains, s.chain.Name), nil
+	return exists, nil
 }

@@ -1,6 +1,8 @@
 package netrules_test
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -19,6 +21,7 @@ func testChain() netrules.Chain {
 		},
 		JumpFrom: []string{"PREROUTING", "OUTPUT"},
 		Comment:  "test chain",
+		Before:   []string{"KUBE-SERVICES"},
 	}
 }
 
@@ -158,6 +161,93 @@ func TestChainSyncer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestChainSyncerLeavesTopRuleOfOthers checks that a component that keeps
+// its own jump first in PREROUTING and OUTPUT, as Calico's Felix re-inserts
+// its chains' jumps at the top every time it syncs, and the agent do not
+// move each other: with our jump still ahead of kube-proxy's, a sync
+// changes nothing however often the other rule is re-inserted above it.
+func TestChainSyncerLeavesTopRuleOfOthers(t *testing.T) {
+	ipt := withKubeProxy(t)
+	must(t, ipt.NewChain("nat", "cali-PREROUTING"))
+	s := netrules.NewChainSyncer(ipt, testChain())
+	_, err := s.Sync()
+	must(t, err)
+	felix := []string{"-m", "comment", "--comment", "cali:6gwbT8clXdHdC1b1", "-j", "cali-PREROUTING"}
+	for i := range 5 {
+		for _, from := range []string{"PREROUTING", "OUTPUT"} {
+			if i > 0 {
+				must(t, ipt.Delete("nat", from, felix...))
+			}
+			must(t, ipt.Insert("nat", from, 1, felix...))
+		}
+		calls := ipt.Calls
+		res, err := s.Sync()
+		must(t, err)
+		if res.Changed() || ipt.Calls != calls {
+			t.Fatalf("round %d: sync changed %+v with %d mutating calls, want none", i, res, ipt.Calls-calls)
+		}
+	}
+	want := `-A PREROUTING -m comment --comment cali:6gwbT8clXdHdC1b1 -j cali-PREROUTING
+-A PREROUTING -m comment --comment "test chain" -j TEST-CHAIN
+-A PREROUTING -j KUBE-SERVICES
+`
+	if got := ruleLines(ipt.Save("nat"), "PREROUTING"); got != want {
+		t.Errorf("PREROUTING:\n%s\nwant:\n%s", got, want)
+	}
+	// kube-proxy re-inserting its jump at the top is another matter: ours
+	// must move ahead of it again.
+	must(t, ipt.Insert("nat", "PREROUTING", 1, "-j", "KUBE-SERVICES"))
+	must(t, ipt.Delete("nat", "PREROUTING", "4"))
+	res, err := s.Sync()
+	must(t, err)
+	if !slices.Equal(res.JumpsFixed, []string{"PREROUTING"}) {
+		t.Errorf("jumps fixed = %v, want [PREROUTING]", res.JumpsFixed)
+	}
+	want = `-A PREROUTING -m comment --comment "test chain" -j TEST-CHAIN
+-A PREROUTING -j KUBE-SERVICES
+-A PREROUTING -m comment --comment cali:6gwbT8clXdHdC1b1 -j cali-PREROUTING
+`
+	if got := ruleLines(ipt.Save("nat"), "PREROUTING"); got != want {
+		t.Errorf("PREROUTING after kube-proxy moved ahead:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestChainSyncerUnreadableRules checks that rules of others that this
+// package cannot read back (iptables-nft prints an nft-native rule as a
+// bare "-A CHAIN"; a broken quote stands for worse) do not stop the sync of
+// the agent's own chain and jumps.
+func TestChainSyncerUnreadableRules(t *testing.T) {
+	ipt := withKubeProxy(t)
+	for _, from := range []string{"PREROUTING", "OUTPUT", "KUBE-SERVICES"} {
+		ipt.AppendRaw("nat", from, "")
+		ipt.AppendRaw("nat", from, `-d 10.0.0.1 "unterminated -j`)
+	}
+	s := netrules.NewChainSyncer(ipt, testChain())
+	for i := range 2 {
+		res, err := s.Sync()
+		must(t, err)
+		if res.Changed() != (i == 0) {
+			t.Errorf("sync %d changed = %v", i, res.Changed())
+		}
+	}
+	for _, from := range []string{"PREROUTING", "OUTPUT"} {
+		if got := strings.SplitN(ruleLines(ipt.Save("nat"), from), "\n", 2)[0]; !strings.Contains(got, "-j TEST-CHAIN") {
+			t.Errorf("first rule of %s = %q, want our jump", from, got)
+		}
+	}
+}
+
+// ruleLines returns the "-A chain" lines of an iptables-save text.
+func ruleLines(save, chain string) string {
+	var b strings.Builder
+	for _, l := range strings.Split(save, "\n") {
+		if strings.HasPrefix(l, "-A "+chain+" ") {
+			b.WriteString(l + "\n")
+		}
+	}
+	return b.String()
 }
 
 // TestChainSyncerAdoptsEarlierInstance checks that a new process takes over

@@ -1,6 +1,7 @@
 package netrules_test
 
 import (
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -66,4 +67,52 @@ func TestSetMatchKernel(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestChainSyncerCoexistsKernel checks against the real kernel (nf_tables
+// backend) what TestChainSyncerLeavesTopRuleOfOthers and
+// TestChainSyncerUnreadableRules check on the fake: a Felix-like jump
+// re-inserted at the top of PREROUTING causes no change, and an nft-native
+// rule that iptables cannot print in full does not stop the sync.
+func TestChainSyncerCoexistsKernel(t *testing.T) {
+	inNewNetNS(t, func(*netlink.Handle) {
+		ipt, err := netrules.OpenIPTables(netrules.BackendNFT, netrules.IPv4)
+		if err != nil {
+			t.Skipf("no nft backend here: %v", err)
+		}
+		nft, err := exec.LookPath("nft")
+		if err != nil {
+			t.Skipf("no nft binary: %v", err)
+		}
+		for _, c := range []string{"KUBE-SERVICES", "cali-PREROUTING"} {
+			must(t, ipt.NewChain("nat", c))
+		}
+		must(t, ipt.Append("nat", "PREROUTING", "-j", "KUBE-SERVICES"))
+		if out, err := exec.Command(nft, "add", "rule", "ip", "nat", "PREROUTING", "ip", "daddr", "{", "10.0.0.1,", "10.0.0.2", "}", "counter").CombinedOutput(); err != nil {
+			t.Fatalf("nft: %v: %s", err, out)
+		}
+		s := netrules.NewChainSyncer(ipt, netrules.Chain{
+			Table: "nat", Name: "KAC-TEST", JumpFrom: []string{"PREROUTING"}, Comment: "kac test",
+			Before: []string{"KUBE-SERVICES"}, Rules: [][]string{{"-d", "10.96.0.1/32", "-j", "RETURN"}},
+		})
+		_, err = s.Sync()
+		must(t, err)
+		felix := []string{"-m", "comment", "--comment", "cali:6gwbT8clXdHdC1b1", "-j", "cali-PREROUTING"}
+		for i := range 3 {
+			if i > 0 {
+				must(t, ipt.Delete("nat", "PREROUTING", felix...))
+			}
+			must(t, ipt.Insert("nat", "PREROUTING", 1, felix...))
+			if res, err := s.Sync(); err != nil || res.Changed() {
+				t.Fatalf("round %d: sync = %+v, %v; want no change", i, res, err)
+			}
+		}
+		lines, err := ipt.List("nat", "PREROUTING")
+		must(t, err)
+		got := strings.Join(lines, "\n")
+		if i, j := strings.Index(got, "-j KAC-TEST"), strings.Index(got, "-j KUBE-SERVICES"); i < 0 || j < i {
+			t.Errorf("our jump is not ahead of kube-proxy's:\n%s", got)
+		}
+		must(t, s.Remove())
+	})
 }

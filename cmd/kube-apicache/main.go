@@ -46,6 +46,8 @@ type options struct {
 	upstreams     []string
 	socketMark    uint32
 	cacheSpec     string
+	pinnedSpec    string
+	clusterCIDRs  []string
 }
 
 func newCommand() *cobra.Command {
@@ -85,18 +87,27 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	fs.StringVar(&c.PodCAFile, "pod-ca-file", agent.DefaultPodCAFile, "CA bundle pods verify the agent with (the ServiceAccount ca.crt, from kube-root-ca.crt). The agent intercepts only while its certificate verifies against it for every name and IP pods dial. Reloaded on change.")
 	fs.StringVar(&c.ClusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, for the kubernetes.default.svc.<domain> name in the serving certificate.")
 	fs.DurationVar(&c.CertificateLifetime, "certificate-lifetime", agent.DefaultCertificateLifetime, "Lifetime requested for a CSR-issued serving certificate (at least 10m); it is renewed at a random 70-90% of its lifetime, and at once on SIGHUP.")
+	fs.StringVar(&c.CertificateStateDir, "certificate-state-dir", "", "In CSR mode, a directory (mount a memory-backed emptyDir) where the key, certificate, pending CSR and last denial are kept 0600, so a restarted container serves a still-valid certificate without a new CSR. Empty: the key is kept in the process only.")
 	fs.StringVar(&c.Chain, "iptables-chain", agent.DefaultChain, "Name of the nat chain the agent owns.")
 	fs.StringVar(&c.IPTablesBackend, "iptables-backend", agent.DefaultIPTablesBackend, "iptables backend for the redirect: auto (the one kube-proxy uses, found by its KUBE-IPTABLES-HINT chain), legacy or nft.")
 	fs.StringVar(&c.LivenessSet, "liveness-set", agent.DefaultLivenessSet, "ipset holding the VIP(s) while the agent is healthy; the redirect applies only to VIPs in it (IPv6 set: this name with a 6 suffix).")
 	fs.DurationVar(&c.LivenessTimeout, "liveness-timeout", agent.DefaultLivenessTimeout, "How long the liveness entry outlives the agent's last health check: after a crash or hang, the VIP goes back to kube-proxy within this time.")
-	fs.DurationVar(&c.UpstreamHealthPeriod, "upstream-health-period", agent.DefaultUpstreamHealthPeriod, "How often each kube-apiserver endpoint is health-checked.")
+	fs.DurationVar(&c.UpstreamHealthPeriod, "upstream-health-period", agent.DefaultUpstreamHealthPeriod, "How often upstream health is looked at: the ping interval of a silent upstream HTTP/2 connection and the probe interval of a failing endpoint; a healthy endpoint is probed (GET /readyz) only after 2 minutes without an answer from it.")
 	fs.DurationVar(&c.SyncPeriod, "sync-period", agent.DefaultSyncPeriod, "How often the redirect and address are checked and repaired.")
+	fs.StringVar(&c.DetectLocalMode, "detect-local-mode", agent.DetectLocalPodIPs, "How pod traffic of this node is told from Service VIP traffic routed in from elsewhere (BGP-advertised Service CIDRs), which is left to kube-proxy: "+strings.Join(agent.DetectLocalModes, ", ")+". PodIPs follows the IPs of this node's pods and works with any CNI; the others are kube-proxy's modes. Host-network traffic is always intercepted.")
+	fs.StringSliceVar(&o.clusterCIDRs, "cluster-cidr", nil, "Pod CIDR of the cluster, one per IP family, for --detect-local-mode=ClusterCIDR.")
+	fs.StringVar(&c.PodBridgeInterface, "pod-bridge-interface", "", "Bridge the node's pods are attached to, for --detect-local-mode=BridgeInterface.")
+	fs.DurationVar(&c.PodPathCheckInterval, "pod-path-check-interval", agent.DefaultPodPathCheckInterval, "How often the node's conntrack flows to the Service VIPs are checked for pod connections that were redirected to the agent and dropped on the way (a NetworkPolicy or host firewall), whose sources then go to kube-proxy's path, or that bypassed the agent; 0 turns the check off.")
+	fs.DurationVar(&c.BypassDuration, "bypass-duration", agent.DefaultBypassDuration, "How long a source whose traffic to the agent was dropped goes to kube-proxy's path.")
+	fs.StringVar(&c.PodInterfaceNamePrefix, "pod-interface-name-prefix", "", "Prefix of the node's pod interfaces (cali, lxc, veth), for --detect-local-mode=InterfaceNamePrefix.")
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", agent.DefaultMetricsBindAddress, "IP:port serving /metrics, /healthz and /readyz; empty disables.")
 	fs.BoolVar(&c.Profiling, "profiling", false, "Serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-bind-address.")
 	fs.DurationVar(&c.ShutdownGracePeriod, "shutdown-grace-period", agent.DefaultShutdownGracePeriod, "On SIGTERM, how long in-flight requests may run after the redirect is removed.")
 	fs.StringVar(&o.cacheSpec, "cache-resources", cache.DefaultResources, "Resources whose get and list requests are answered from the node-local cache, as RESOURCE[.GROUP][/VERSION] (custom resources included); pods and nodes are cached for this node only. Secrets are cached only if listed. Empty disables the cache.")
 	fs.DurationVar(&c.CacheWaitTimeout, "cache-wait-timeout", cache.DefaultWaitTimeout, "How long a read waits for the cache to reach the resourceVersion it needs (a requested one, or a write this agent forwarded) before it is forwarded instead.")
 	fs.BoolVar(&c.CacheForwardConsistentReads, "cache-forward-consistent-reads", false, "Forward every read with resourceVersion=\"\" (consistent reads) instead of answering it from the cache.")
+	fs.StringVar(&o.pinnedSpec, "cache-pinned-resources", "", "Resources of --cache-resources (same syntax) watched from start-up. Every other cached resource is watched only from the first read of it by a caller allowed to make it (that read, and the next ones until the watch has synced, are forwarded) until --cache-idle-timeout passes without such a read.")
+	fs.DurationVar(&c.CacheIdleTimeout, "cache-idle-timeout", cache.DefaultIdleTimeout, "How long the watch of a resource that is not pinned runs without a read it answers before it stops and its objects are dropped; 0 never stops it. It also bounds restarts: each resource is listed at most once per this period.")
 	fs.BoolVar(&c.CacheAsNode, "cache-as-node", true, "List and watch this node's pods and Node as the node itself (Impersonate-User: system:node:<node>, Kubernetes 1.36+ constrained impersonation, feature gate ConstrainedImpersonation), so the Node authorizer limits what the agent's token reads; needs the kube-apicache:node-impersonation RBAC and a pod-bound token. false: watch them as the agent, whose RBAC must then allow cluster-wide list and watch of pods and nodes (clusters without the gate).")
 	c.Limits = agent.DefaultLimits()
 	c.Limits.AddFlags(fs)
@@ -106,7 +117,7 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	gofs := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(gofs)
 	cmd.PersistentFlags().AddGoFlagSet(gofs)
-	cmd.AddCommand(newApproverCommand())
+	cmd.AddCommand(newApproverCommand(), newCleanupCommand())
 	return cmd
 }
 
@@ -120,6 +131,14 @@ func (o *options) complete() error {
 	c.ListenAddress = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	if c.ListenAddressIPv6, err = parseListenIPv6(o.listenIPv6); err != nil {
 		return err
+	}
+	c.ClusterCIDRs = nil
+	for _, s := range o.clusterCIDRs {
+		p, err := netip.ParsePrefix(strings.TrimSpace(s))
+		if err != nil {
+			return fmt.Errorf("--cluster-cidr %q: must be a CIDR", s)
+		}
+		c.ClusterCIDRs = append(c.ClusterCIDRs, p)
 	}
 	c.ServiceVIPs = nil
 	for _, s := range o.serviceVIPs {
@@ -142,6 +161,9 @@ func (o *options) complete() error {
 	}
 	c.SocketMark = o.socketMark
 	if c.CacheResources, err = cache.ParseResources(o.cacheSpec); err != nil {
+		return err
+	}
+	if c.CachePinnedResources, err = cache.ParsePinned(o.pinnedSpec, c.CacheResources); err != nil {
 		return err
 	}
 	return c.Validate()
@@ -189,10 +211,11 @@ func run(ctx context.Context, cfg *agent.Config) error {
 	}
 	defer nl.Close()
 	a, err := agent.New(cfg, agent.Kernel{
-		IPTables: func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(backend, f) },
-		Backend:  string(backend),
-		Netlink:  nl,
-		IPSet:    nl,
+		IPTables:  func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(backend, f) },
+		Backend:   string(backend),
+		Netlink:   nl,
+		IPSet:     nl,
+		Conntrack: netrules.KernelConntrack{},
 	})
 	if err != nil {
 		return err

@@ -72,6 +72,7 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	if b.agent, err = c.StartAgent(ctx, pod, agentBin, c.AgentArgs(certFile, keyFile, extra...)...); err != nil {
 		return err
 	}
+	b.agent.CertFile, b.agent.KeyFile = certFile, keyFile
 	defer b.agent.Process.Stop(40 * time.Second)
 	if err := b.waitCached(ctx, "pods", -1); err != nil {
 		return err
@@ -108,6 +109,12 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	}
 	logf("created %d services in %v", b.o.services, time.Since(start).Round(time.Millisecond))
 	if err := b.waitCached(ctx, "services", b.o.services); err != nil {
+		return err
+	}
+
+	// and the agent left idle before any pod reads through it,
+	idle, err := b.idle(ctx)
+	if err != nil {
 		return err
 	}
 
@@ -221,6 +228,20 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	fmt.Printf("\nheap ratio agent cache/typed informer: %.3f synced, %.3f holding both encodings\n", heap.coldPerPod/heap.informerPerPod, heap.warmPerPod/heap.informerPerPod)
 	if b.o.storm > 0 {
 		printStorm(b.o.storm, stormAgent, stormDirect)
+	}
+	idle.print()
+	sizing, err := b.sizing(ctx)
+	if err != nil {
+		return err
+	}
+	sizing.print()
+	// Last, as it replaces the agent: the rule sync on a large nat table.
+	if b.o.natServices > 0 && b.o.cases.MatchString("nat sync") {
+		empty, full, dump, err := b.natSyncCost(ctx, agentBin, b.o.natServices, b.o.natEndpoints, b.o.natWindow)
+		if err != nil {
+			return fmt.Errorf("nat sync: %w", err)
+		}
+		printNATSync(empty, full, dump)
 	}
 	return nil
 }

@@ -47,6 +47,12 @@ type options struct {
 	// each over profileTime.
 	profileDir  string
 	profileTime time.Duration
+	// approverCSRs is how many CSRs the approver case creates (0 skips it).
+	approverCSRs int
+	// natServices and natEndpoints shape the nat table of the rule sync
+	// case, measured over natWindow per table.
+	natServices, natEndpoints int
+	natWindow                 time.Duration
 }
 
 func main() {
@@ -62,6 +68,10 @@ func main() {
 	flag.IntVar(&o.copies, "heap-copies", 10, "independent caches built to measure heap per pod (more is steadier)")
 	flag.StringVar(&o.accept, "accept", "application/vnd.kubernetes.protobuf, application/json", "Accept header of the measured requests")
 	flag.IntVar(&o.storm, "storm-informers", 50, "informer processes started at once in the start-up storm case (0 skips it)")
+	flag.IntVar(&o.natServices, "nat-services", 10000, "Services in the kube-proxy-shaped nat table of the rule sync case (\"nat sync\"; 0 skips it)")
+	flag.IntVar(&o.natEndpoints, "nat-endpoints", 10, "endpoints per Service in the rule sync case")
+	flag.DurationVar(&o.natWindow, "nat-window", 30*time.Second, "how long the rule sync case watches the agent, per nat table")
+	flag.IntVar(&o.approverCSRs, "approver-csrs", 1000, "agent-shaped CSRs the approver case (\""+approverCase+"\") has approved; 0 skips it; -cases approver runs it alone")
 	cases := flag.String("cases", "", "regular expression selecting the measured cases by name (default all), e.g. 'node pods'")
 	flag.StringVar(&o.profileDir, "agent-profile", "", "directory to write a CPU profile of the agent into for each case (<case>.pprof, for go tool pprof), taken over -agent-profile-time of the case's requests after its measured ones; runs the agent with --profiling")
 	flag.DurationVar(&o.profileTime, "agent-profile-time", 10*time.Second, "how long each -agent-profile profile runs")
@@ -125,6 +135,14 @@ func run(ctx context.Context, o options) error {
 		}
 	}()
 
+	if o.approverCSRs > 0 && o.cases.MatchString(approverCase) {
+		if err := benchApprover(ctx, c, bins.Agent, o.approverCSRs); err != nil {
+			return err
+		}
+		if approverOnly(o.cases) {
+			return nil
+		}
+	}
 	b := &bench{o: o, c: c, podclient: bins.PodClient}
 	return b.run(ctx, bins.Agent)
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/kube-apicache/kube-apicache/cache"
 )
 
 // Agent defaults, as the DaemonSet runs it.
@@ -58,11 +60,19 @@ func (c *Cluster) NewAgentPod(ctx context.Context, name string) (*Pod, string, s
 
 // AgentArgs are the flags the sandbox runs the agent with. A flag in extra
 // replaces the default of the same name (several are slices, where repeating
-// would add rather than replace).
+// would add rather than replace). Every cached resource is pinned (watched
+// from start-up, as most scenarios expect a warm cache) unless extra sets
+// --cache-pinned-resources itself.
 func (c *Cluster) AgentArgs(certFile, keyFile string, extra ...string) []string {
 	var ups []string
 	for _, as := range c.APIServers() {
 		ups = append(ups, as.URL)
+	}
+	cached := cache.DefaultResources
+	for _, e := range extra {
+		if v, ok := strings.CutPrefix(e, "--cache-resources="); ok {
+			cached = v
+		}
 	}
 	defaults := []string{
 		"--node-name=" + NodeName,
@@ -70,6 +80,13 @@ func (c *Cluster) AgentArgs(certFile, keyFile string, extra ...string) []string 
 		"--tls-cert-file=" + certFile,
 		"--tls-private-key-file=" + keyFile,
 		"--sync-period=1s",
+		// Every emulated pod exists before the scenarios send from it, but
+		// not always a second before: the cluster CIDR, not the pods' own
+		// IPs (the agent's default), keeps the scenarios free of that race.
+		// TestDetectLocalPodIPs covers the default.
+		"--detect-local-mode=ClusterCIDR",
+		"--cluster-cidr=" + ClusterPodCIDR,
+		"--cache-pinned-resources=" + cached,
 		"-v=2",
 	}
 	var args []string
@@ -102,7 +119,7 @@ func (c *Cluster) StartAgent(ctx context.Context, pod *Pod, binary string, args 
 	return a, nil
 }
 
-// WaitReady waits until /readyz answers 200.
+// WaitReady waits until the agent intercepts: /intercepting answers 200.
 func (a *Agent) WaitReady(ctx context.Context) error {
 	client := a.Pod.cluster.httpClient(a.Pod.cluster.Node)
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -111,7 +128,7 @@ func (a *Agent) WaitReady(ctx context.Context) error {
 		if done, err := a.Process.Exited(); done {
 			return false, fmt.Errorf("agent exited (%v): %s", err, tail(a.Process.Log(), 20))
 		}
-		resp, err := client.Get("http://" + AgentMetricsAddr + "/readyz")
+		resp, err := client.Get("http://" + AgentMetricsAddr + "/intercepting")
 		if err != nil {
 			return false, nil
 		}

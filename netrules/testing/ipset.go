@@ -15,7 +15,8 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// IPSet is a fake of netrules.IPSet: hash:ip sets of one family, with
+// IPSet is a fake of netrules.IPSet: hash:ip and hash:ip,port (TCP) sets
+// of one family, with
 // per-entry timeouts measured on an injected clock. It refuses what the
 // kernel refuses: a second set of the same name, entries of the wrong
 // family, a timeout on a set created without one, deleting a missing entry,
@@ -34,8 +35,9 @@ type fakeSet struct {
 	typ     string
 	family  uint8
 	timeout *uint32
-	// entries maps an address to its expiry; the zero time never expires.
-	entries map[netip.Addr]time.Time
+	// entries maps an address (with port 0 in a hash:ip set) to its
+	// expiry; the zero time never expires.
+	entries map[netip.AddrPort]time.Time
 }
 
 // NewIPSet returns a fake with no sets, whose timeouts follow clk.
@@ -54,11 +56,11 @@ func (f *IPSet) prune(s *fakeSet) {
 	}
 }
 
-// IpsetCreate implements netrules.IPSet for hash:ip sets.
+// IpsetCreate implements netrules.IPSet for hash:ip and hash:ip,port sets.
 func (f *IPSet) IpsetCreate(name, typename string, o netlink.IpsetCreateOptions) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if typename != "hash:ip" {
+	if typename != "hash:ip" && typename != "hash:ip,port" {
 		return nl.IPSetError(nl.IPSET_ERR_FIND_TYPE)
 	}
 	family := o.Family
@@ -83,7 +85,7 @@ func (f *IPSet) IpsetCreate(name, typename string, o netlink.IpsetCreateOptions)
 		t := *o.Timeout
 		timeout = &t
 	}
-	f.sets[name] = &fakeSet{typ: typename, family: family, timeout: timeout, entries: map[netip.Addr]time.Time{}}
+	f.sets[name] = &fakeSet{typ: typename, family: family, timeout: timeout, entries: map[netip.AddrPort]time.Time{}}
 	return nil
 }
 
@@ -124,7 +126,11 @@ func (f *IPSet) IpsetList(name string) (*netlink.IPSetResult, error) {
 	}
 	now := f.clock.Now()
 	for _, ip := range sortedAddrs(s.entries) {
-		e := netlink.IPSetEntry{IP: net.IP(ip.AsSlice())}
+		e := netlink.IPSetEntry{IP: net.IP(ip.Addr().AsSlice())}
+		if s.typ == "hash:ip,port" {
+			port, proto := ip.Port(), uint8(unix.IPPROTO_TCP)
+			e.Port, e.Protocol = &port, &proto
+		}
 		if exp := s.entries[ip]; !exp.IsZero() {
 			left := uint32(exp.Sub(now) / time.Second)
 			e.Timeout = &left
@@ -135,24 +141,33 @@ func (f *IPSet) IpsetList(name string) (*netlink.IPSetResult, error) {
 	return res, nil
 }
 
-func (f *IPSet) entry(name string, e *netlink.IPSetEntry) (*fakeSet, netip.Addr, error) {
+// entry returns the set and the key of e: its address, with its port in a
+// hash:ip,port set (which, like the kernel, refuses an entry without one).
+func (f *IPSet) entry(name string, e *netlink.IPSetEntry) (*fakeSet, netip.AddrPort, error) {
 	s, ok := f.sets[name]
 	if !ok {
-		return nil, netip.Addr{}, unix.ENOENT
+		return nil, netip.AddrPort{}, unix.ENOENT
 	}
 	ip, ok := netip.AddrFromSlice(e.IP)
 	if !ok {
-		return nil, netip.Addr{}, unix.EINVAL
+		return nil, netip.AddrPort{}, unix.EINVAL
 	}
 	ip = ip.Unmap()
 	if ip.Is4() != (s.family == unix.AF_INET) {
 		if s.family == unix.AF_INET {
-			return nil, netip.Addr{}, nl.IPSetError(nl.IPSET_ERR_IPADDR_IPV4)
+			return nil, netip.AddrPort{}, nl.IPSetError(nl.IPSET_ERR_IPADDR_IPV4)
 		}
-		return nil, netip.Addr{}, nl.IPSetError(nl.IPSET_ERR_IPADDR_IPV6)
+		return nil, netip.AddrPort{}, nl.IPSetError(nl.IPSET_ERR_IPADDR_IPV6)
+	}
+	var port uint16
+	if s.typ == "hash:ip,port" {
+		if e.Port == nil {
+			return nil, netip.AddrPort{}, nl.IPSetError(nl.IPSET_ERR_PROTOCOL)
+		}
+		port = *e.Port
 	}
 	f.prune(s)
-	return s, ip, nil
+	return s, netip.AddrPortFrom(ip, port), nil
 }
 
 // IpsetAdd implements netrules.IPSet. Without Replace an existing entry is
@@ -208,7 +223,7 @@ func (f *IPSet) containsLocked(name string, ip netip.Addr) bool {
 		return false
 	}
 	f.prune(s)
-	_, ok = s.entries[ip.Unmap()]
+	_, ok = s.entries[netip.AddrPortFrom(ip.Unmap(), 0)]
 	return ok
 }
 
@@ -246,17 +261,21 @@ func (f *IPSet) Save() string {
 		}
 		b.WriteString("\n")
 		for _, ip := range sortedAddrs(s.entries) {
-			fmt.Fprintf(&b, "add %s %s\n", n, ip)
+			if s.typ == "hash:ip,port" {
+				fmt.Fprintf(&b, "add %s %s,tcp:%d\n", n, ip.Addr(), ip.Port())
+			} else {
+				fmt.Fprintf(&b, "add %s %s\n", n, ip.Addr())
+			}
 		}
 	}
 	return b.String()
 }
 
-func sortedAddrs(m map[netip.Addr]time.Time) []netip.Addr {
-	out := make([]netip.Addr, 0, len(m))
+func sortedAddrs(m map[netip.AddrPort]time.Time) []netip.AddrPort {
+	out := make([]netip.AddrPort, 0, len(m))
 	for ip := range m {
 		out = append(out, ip)
 	}
-	slices.SortFunc(out, netip.Addr.Compare)
+	slices.SortFunc(out, netip.AddrPort.Compare)
 	return out
 }

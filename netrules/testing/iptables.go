@@ -27,7 +27,7 @@ var builtinChains = map[string][]string{
 var builtinTargets = map[string]bool{
 	"ACCEPT": true, "DROP": true, "RETURN": true, "REJECT": true, "DNAT": true,
 	"SNAT": true, "MASQUERADE": true, "REDIRECT": true, "MARK": true, "LOG": true,
-	"CONNMARK": true, "NOTRACK": true, "CT": true,
+	"CONNMARK": true, "NOTRACK": true, "CT": true, "SET": true,
 }
 
 // Error is returned for operations the kernel would refuse.
@@ -115,7 +115,7 @@ func (f *IPTables) referencesSet(name string) bool {
 func matchSets(rulespec []string) []string {
 	var out []string
 	for i := 0; i+1 < len(rulespec); i++ {
-		if rulespec[i] == "--match-set" {
+		if rulespec[i] == "--match-set" || rulespec[i] == "--add-set" {
 			out = append(out, strings.Trim(rulespec[i+1], `"`))
 		}
 	}
@@ -189,15 +189,25 @@ func render(rulespec []string) string {
 	return strings.Join(out, " ")
 }
 
-// ListChains implements netrules.IPTables.
-func (f *IPTables) ListChains(tbl string) ([]string, error) {
+// ChainExists implements netrules.IPTables.
+func (f *IPTables) ChainExists(tbl, chain string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t, err := f.table(tbl)
 	if err != nil {
-		return nil, err
+		return false, err
 	}
-	return f.chainNames(tbl, t), nil
+	_, ok := t.chains[chain]
+	return ok, nil
+}
+
+// AppendRaw appends line to chain exactly as given, to stand for a rule of
+// another component that iptables prints in a form this package cannot
+// read back (nft-native rules, say). It bypasses every check.
+func (f *IPTables) AppendRaw(tbl, chain, line string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tables[tbl].chains[chain] = append(f.tables[tbl].chains[chain], line)
 }
 
 // chainNames lists built-in chains first, in kernel order, then the others

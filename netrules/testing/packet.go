@@ -8,14 +8,17 @@ import (
 )
 
 // Packet is a new TCP connection's first packet, as the nat table sees it.
+// Src and InIface are unset for a packet of the host itself (OUTPUT).
 type Packet struct {
-	Dst  netip.AddrPort
-	Mark uint32
+	Src     netip.Addr
+	InIface string
+	Dst     netip.AddrPort
+	Mark    uint32
 }
 
 // Traverse walks p through the nat table from hook (PREROUTING or OUTPUT)
 // the way the kernel does for the matches the agent and kube-proxy use
-// (-d, -p tcp, --dport, mark, set, comment, statistic) and returns where a
+// (-s, -d, -i, !, -p tcp, --dport, mark, set, comment, statistic) and returns where a
 // DNAT sends it, or "" if no DNAT applies. A statistic match is taken as
 // matching, so the first of several kube-proxy endpoints wins. A rule with a
 // match the fake does not model is an error, not a silent miss.
@@ -50,6 +53,9 @@ func (f *IPTables) walk(t *table, chain string, p Packet, depth int) (to string,
 			continue
 		case "RETURN":
 			return "", false, nil
+		case "SET":
+			// Non-terminating; the fake does not record what it adds.
+			continue
 		case "ACCEPT":
 			return "", true, nil
 		case "DNAT":
@@ -73,6 +79,7 @@ func (f *IPTables) walk(t *table, chain string, p Packet, depth int) (to string,
 }
 
 func (f *IPTables) matches(args []string, p Packet) (bool, error) {
+	negate := false
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		next := func() string {
@@ -82,7 +89,26 @@ func (f *IPTables) matches(args []string, p Packet) (bool, error) {
 			}
 			return ""
 		}
+		// want is what the next test must find: false after "!".
+		want := !negate
+		negate = false
 		switch a {
+		case "!":
+			negate = true
+		case "-s":
+			pfx, err := netip.ParsePrefix(next())
+			if err != nil {
+				return false, err
+			}
+			if pfx.Contains(p.Src) != want {
+				return false, nil
+			}
+		case "-i":
+			name := next()
+			got := p.InIface == name || (strings.HasSuffix(name, "+") && p.InIface != "" && strings.HasPrefix(p.InIface, strings.TrimSuffix(name, "+")))
+			if got != want {
+				return false, nil
+			}
 		case "-m":
 			next() // the match's own options follow and are handled below
 		case "-j", "-g":
@@ -126,14 +152,25 @@ func (f *IPTables) matches(args []string, p Packet) (bool, error) {
 			}
 		case "--match-set":
 			name := next()
-			if dir := next(); dir != "dst" {
+			var addr netip.Addr
+			switch dir := next(); dir {
+			case "dst":
+				addr = p.Dst.Addr()
+			case "src":
+				addr = p.Src
+			default:
 				return false, fmt.Errorf("unmodelled set direction %q", dir)
 			}
-			if f.sets == nil || !f.sets.Contains(name, p.Dst.Addr()) {
+			if (f.sets != nil && addr.IsValid() && f.sets.Contains(name, addr)) != want {
 				return false, nil
 			}
 		case "--mode", "--probability":
 			next()
+		case "--add-set":
+			// The SET target's options follow its -j: never reached.
+			next()
+			next()
+		case "--exist":
 		default:
 			return false, fmt.Errorf("unmodelled option %q", a)
 		}

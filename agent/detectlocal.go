@@ -1,0 +1,324 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	apicache "github.com/kube-apicache/kube-apicache/cache"
+	"github.com/kube-apicache/kube-apicache/netrules"
+)
+
+// How the agent tells this node's own pod traffic from VIP traffic routed
+// in from elsewhere (a BGP-advertised Service CIDR, a gateway), which it
+// must leave to kube-proxy. Host-network traffic (nat OUTPUT) is always
+// local; the mode restricts the PREROUTING jump only. The names follow
+// kube-proxy's --detect-local-mode, plus PodIPs and None.
+const (
+	// DetectLocalPodIPs matches the IPs of the pods the API places on this
+	// node, kept in an ipset from a watch of those pods: it works with
+	// every CNI and IPAM. A new pod's traffic goes to kube-proxy's path
+	// until its IP reaches the set (about a second after the kubelet
+	// reports it), which costs nothing but the cache.
+	DetectLocalPodIPs = "PodIPs"
+	// DetectLocalClusterCIDR matches --cluster-cidr sources.
+	DetectLocalClusterCIDR = "ClusterCIDR"
+	// DetectLocalNodeCIDR matches the Node's spec.podCIDRs, for IPAMs that
+	// allocate them (the kube-controller-manager's, host-local).
+	DetectLocalNodeCIDR = "NodeCIDR"
+	// DetectLocalBridgeInterface matches packets from
+	// --pod-bridge-interface.
+	DetectLocalBridgeInterface = "BridgeInterface"
+	// DetectLocalInterfaceNamePrefix matches packets from interfaces named
+	// --pod-interface-name-prefix*.
+	DetectLocalInterfaceNamePrefix = "InterfaceNamePrefix"
+	// DetectLocalNone intercepts VIP traffic from any source.
+	DetectLocalNone = "None"
+)
+
+// DetectLocalModes lists the --detect-local-mode values.
+var DetectLocalModes = []string{DetectLocalPodIPs, DetectLocalClusterCIDR, DetectLocalNodeCIDR,
+	DetectLocalBridgeInterface, DetectLocalInterfaceNamePrefix, DetectLocalNone}
+
+// validateDetectLocal checks the detect-local settings.
+func (c *Config) validateDetectLocal() error {
+	switch c.DetectLocalMode {
+	case DetectLocalPodIPs, DetectLocalNodeCIDR, DetectLocalNone:
+	case DetectLocalClusterCIDR:
+		if len(c.ClusterCIDRs) == 0 {
+			return errors.New("--detect-local-mode=ClusterCIDR needs --cluster-cidr")
+		}
+		seen := map[netrules.Family]bool{}
+		for _, p := range c.ClusterCIDRs {
+			f := netrules.FamilyOf(p.Addr())
+			if seen[f] {
+				return errors.New("--cluster-cidr takes at most one CIDR per IP family")
+			}
+			seen[f] = true
+		}
+	case DetectLocalBridgeInterface:
+		if !validInterface(c.PodBridgeInterface) {
+			return errors.New("--detect-local-mode=BridgeInterface needs --pod-bridge-interface, a link name of 1-15 characters")
+		}
+	case DetectLocalInterfaceNamePrefix:
+		if !validInterface(c.PodInterfaceNamePrefix) || len(c.PodInterfaceNamePrefix) > 14 {
+			return errors.New("--detect-local-mode=InterfaceNamePrefix needs --pod-interface-name-prefix, 1-14 characters")
+		}
+	default:
+		return fmt.Errorf("--detect-local-mode %q must be one of %s", c.DetectLocalMode, strings.Join(DetectLocalModes, ", "))
+	}
+	return nil
+}
+
+func validInterface(s string) bool {
+	return s != "" && len(s) <= 15 && !strings.ContainsAny(s, "/ \t\"'+!")
+}
+
+// setNameWithSuffix derives one of the agent's sets from --liveness-set,
+// within ipset's 31 characters (with the IPv6 "6" suffix).
+func setNameWithSuffix(c *Config, suffix string, f netrules.Family) string {
+	base := c.LivenessSet
+	if len(base)+len(suffix) > 30 {
+		base = base[:30-len(suffix)]
+	}
+	name := base + suffix
+	if f == netrules.IPv6 {
+		name += "6"
+	}
+	return name
+}
+
+// localPodsSetName is the set of this node's pod IPs of family f.
+func localPodsSetName(c *Config, f netrules.Family) string {
+	return setNameWithSuffix(c, "-PODS", f)
+}
+
+// localMatch returns the match the PREROUTING jump carries for family f so
+// that only this node's own pod traffic takes it, or an error saying why
+// it cannot be built yet (a Node without podCIDRs in NodeCIDR mode).
+func (a *Agent) localMatch(f netrules.Family) ([]string, error) {
+	c := a.cfg
+	switch c.DetectLocalMode {
+	case DetectLocalPodIPs:
+		return []string{"-m", "set", "--match-set", localPodsSetName(c, f), "src"}, nil
+	case DetectLocalClusterCIDR:
+		for _, p := range c.ClusterCIDRs {
+			if netrules.FamilyOf(p.Addr()) == f {
+				return []string{"-s", p.Masked().String()}, nil
+			}
+		}
+		return nil, fmt.Errorf("detect-local: no %s --cluster-cidr", familyName(f))
+	case DetectLocalNodeCIDR:
+		cidrs, err := a.local.nodeCIDRs()
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range cidrs {
+			if netrules.FamilyOf(p.Addr()) == f {
+				return []string{"-s", p.Masked().String()}, nil
+			}
+		}
+		return nil, fmt.Errorf("detect-local: Node %s has no %s spec.podCIDRs (choose another --detect-local-mode for this IPAM)", c.NodeName, familyName(f))
+	case DetectLocalBridgeInterface:
+		return []string{"-i", c.PodBridgeInterface}, nil
+	case DetectLocalInterfaceNamePrefix:
+		return []string{"-i", c.PodInterfaceNamePrefix + "+"}, nil
+	}
+	return nil, nil
+}
+
+// localPods follows what detect-local needs from the API: the IPs of this
+// node's pods (PodIPs mode) or the Node's podCIDRs (NodeCIDR mode).
+type localPods struct {
+	mu sync.Mutex // protects the fields below
+	// ips holds each pod's IPs by namespace/name, nil until synced.
+	ips map[string][]netip.Addr
+	// cidrs and cidrErr are the Node's podCIDRs, or why they are unknown.
+	cidrs   []netip.Prefix
+	cidrErr error
+}
+
+func newLocalPods() *localPods {
+	return &localPods{cidrErr: errors.New("detect-local: the Node's podCIDRs are not read yet")}
+}
+
+// nodeCIDRs returns the Node's podCIDRs.
+func (l *localPods) nodeCIDRs() ([]netip.Prefix, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cidrs, l.cidrErr
+}
+
+// podIPs returns the IPs of this node's pods, sorted, and whether the
+// first list has arrived.
+func (l *localPods) podIPs() ([]netip.Addr, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ips == nil {
+		return nil, false
+	}
+	var out []netip.Addr
+	for _, ips := range l.ips {
+		out = append(out, ips...)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out), true
+}
+
+// set records one pod's IPs (none: forget the pod).
+func (l *localPods) set(key string, ips []netip.Addr) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ips == nil {
+		l.ips = map[string][]netip.Addr{}
+	}
+	if slices.Equal(l.ips[key], ips) {
+		return false
+	}
+	if len(ips) == 0 {
+		delete(l.ips, key)
+	} else {
+		l.ips[key] = ips
+	}
+	return true
+}
+
+// localClientConfig is the configuration of the agent's own watches of
+// this node's pods and Node: as the node with CacheAsNode (the agent's
+// RBAC then needs neither), else as the agent.
+func (a *Agent) localClientConfig() *rest.Config {
+	cfg := a.restConfig()
+	if a.cfg.CacheAsNode {
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: apicache.NodeUsername(a.cfg.NodeName)}
+	}
+	return cfg
+}
+
+// runDetectLocal feeds localPods until ctx ends: in PodIPs mode from a
+// watch of this node's pods (only their IPs are kept), in NodeCIDR mode
+// from the Node, read until it names its podCIDRs. Each change asks for a
+// sync, which puts it into the kernel.
+func (a *Agent) runDetectLocal(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	client, err := kubernetes.NewForConfig(a.localClientConfig())
+	if err != nil {
+		logger.Error(err, "Cannot follow this node's pods for detect-local")
+		return
+	}
+	switch a.cfg.DetectLocalMode {
+	case DetectLocalNodeCIDR:
+		a.readNodeCIDRs(ctx, client)
+	case DetectLocalPodIPs:
+		a.watchLocalPods(ctx, client)
+	}
+}
+
+// readNodeCIDRs reads the Node until it has podCIDRs (they never change
+// once set) or ctx ends.
+func (a *Agent) readNodeCIDRs(ctx context.Context, client kubernetes.Interface) {
+	for {
+		node, err := client.CoreV1().Nodes().Get(ctx, a.cfg.NodeName, metav1.GetOptions{})
+		var cidrs []netip.Prefix
+		if err == nil {
+			for _, s := range node.Spec.PodCIDRs {
+				if p, perr := netip.ParsePrefix(s); perr == nil {
+					cidrs = append(cidrs, p)
+				}
+			}
+			if len(cidrs) == 0 {
+				err = fmt.Errorf("detect-local: Node %s has no spec.podCIDRs (choose another --detect-local-mode for this IPAM)", a.cfg.NodeName)
+			}
+		} else {
+			err = fmt.Errorf("detect-local: reading Node %s: %w", a.cfg.NodeName, err)
+		}
+		a.local.mu.Lock()
+		a.local.cidrs, a.local.cidrErr = cidrs, err
+		a.local.mu.Unlock()
+		if err == nil {
+			a.requestSync()
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(30 * time.Second):
+		}
+	}
+}
+
+// watchLocalPods follows the pods bound to this node, as the kubelet does
+// (fieldSelector spec.nodeName), keeping only their IPs. Host-network pods
+// are skipped: their traffic leaves through nat OUTPUT, which is always
+// intercepted.
+func (a *Agent) watchLocalPods(ctx context.Context, client kubernetes.Interface) {
+	lw := cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", metav1.NamespaceAll, func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.cfg.NodeName).String()
+	})
+	update := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			return
+		}
+		var ips []netip.Addr
+		if !pod.Spec.HostNetwork && pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+			for _, ip := range pod.Status.PodIPs {
+				if addr, err := netip.ParseAddr(ip.IP); err == nil {
+					ips = append(ips, addr.Unmap())
+				}
+			}
+		}
+		slices.SortFunc(ips, netip.Addr.Compare)
+		if a.local.set(pod.Namespace+"/"+pod.Name, ips) {
+			a.requestSync()
+		}
+	}
+	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{})
+	// Only what detect-local reads is kept.
+	_ = inf.SetTransform(func(obj any) (any, error) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			return obj, nil
+		}
+		return &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, ResourceVersion: pod.ResourceVersion},
+			Spec:       corev1.PodSpec{HostNetwork: pod.Spec.HostNetwork},
+			Status:     corev1.PodStatus{Phase: pod.Status.Phase, PodIPs: pod.Status.PodIPs},
+		}, nil
+	})
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    update,
+		UpdateFunc: func(_, obj any) { update(obj) },
+		DeleteFunc: func(obj any) {
+			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = d.Obj
+			}
+			if pod, ok := obj.(*corev1.Pod); ok && a.local.set(pod.Namespace+"/"+pod.Name, nil) {
+				a.requestSync()
+			}
+		},
+	})
+	go inf.Run(ctx.Done())
+	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		// An empty node has no events: mark the first list as arrived.
+		a.local.mu.Lock()
+		if a.local.ips == nil {
+			a.local.ips = map[string][]netip.Addr{}
+		}
+		a.local.mu.Unlock()
+		a.requestSync()
+	}
+	<-ctx.Done()
+}

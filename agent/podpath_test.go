@@ -1,0 +1,130 @@
+package agent
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vishvananda/netlink"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/netrules"
+	fake "github.com/kube-apicache/kube-apicache/netrules/testing"
+)
+
+// TestPodPath drives the pod-path check over a fake conntrack table: a pod
+// connection redirected to the agent and left unanswered over two scans
+// sends its source to kube-proxy's path and is deleted from conntrack; an
+// answered one and flows older than the check change nothing; a new flow of
+// a pod of this node that did not reach the agent while it intercepted
+// makes the agent report not intercepting, with the flow; a source sent to
+// kube-proxy's path on purpose, or a new pod's connection that may have
+// begun before its IP reached the pods set, is no such bypass.
+func TestPodPath(t *testing.T) {
+	k := newFakeKernel(t)
+	ep := newTestEndpoint(t, ok)
+	a, vip := newSyncTestAgentWith(t, k, ep, func(c *Config) {
+		c.DetectLocalMode = DetectLocalPodIPs
+		c.PodPathCheckInterval = 250 * time.Millisecond
+		c.BypassDuration = 10 * time.Minute
+	})
+	a.podPath = newPodPath(k.ct, a.metrics.registry)
+	ctx := context.Background()
+	logger := klog.Background()
+	pod := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, 1, byte(i)}) }
+	a.local.set("default/a", []netip.Addr{pod(5)})
+	a.local.set("default/b", []netip.Addr{pod(6)})
+	a.local.set("default/c", []netip.Addr{pod(7)})
+	if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+		t.Fatalf("sync = %v, %v", notReady, err)
+	}
+	apiserver := netip.MustParseAddrPort("10.250.0.2:6443")
+	flow := func(src netip.Addr, port uint16, to netip.AddrPort, replied bool) netrules.Flow {
+		return netrules.Flow{Src: netip.AddrPortFrom(src, port), Dst: vip, ReplySrc: to, SeenReply: replied}
+	}
+	// attempt records a connection attempt the chain redirected, as its
+	// SET rule does.
+	attempt := func(src netip.Addr, port uint16) {
+		t.Helper()
+		proto := uint8(6)
+		mustDo(t, k.ipset.IpsetAdd(seenSetName(a.cfg, netrules.IPv4), &netlink.IPSetEntry{IP: src.AsSlice(), Port: &port, Protocol: &proto, Replace: true}))
+	}
+	// Given a watch that predates the check, sent to kube-apiserver,
+	k.ct.Add(flow(pod(5), 30000, apiserver, true))
+	a.scanPodPath(logger)
+
+	// when a pod's redirected connection attempt has no conntrack flow
+	// over two scans (a filter dropped its first packet before conntrack
+	// confirmed it), then its source goes to kube-proxy's path;
+	attempt(pod(5), 40000)
+	attempt(pod(6), 40001)
+	k.ct.Add(flow(pod(6), 40001, vip, true)) // answered: fine
+	a.scanPodPath(logger)
+	if k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod(5)) {
+		t.Fatal("source skipped after one scan")
+	}
+	a.scanPodPath(logger)
+	if !k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod(5)) {
+		t.Fatalf("blocked source not in the skip set:\n%s", k.ipset.Save())
+	}
+	if len(k.ct.Deleted) != 0 {
+		t.Errorf("deleted flows = %+v, want none (there was none)", k.ct.Deleted)
+	}
+	if to, err := k.ipt.Traverse("PREROUTING", fake.Packet{Src: pod(5), Dst: vip}); err != nil || to == vip.String() {
+		t.Errorf("the blocked source's next connection goes to %q (%v), want kube-proxy's path", to, err)
+	}
+	if to, err := k.ipt.Traverse("PREROUTING", fake.Packet{Src: pod(6), Dst: vip}); err != nil || to != vip.String() {
+		t.Errorf("another pod's connection goes to %q (%v), want the agent", to, err)
+	}
+	// and when a confirmed flow of an attempt stays unanswered (a drop
+	// later on the path), it is deleted too, so that its next SYN is NATed
+	// afresh.
+	unanswered := flow(pod(7), 40005, vip, false)
+	attempt(pod(7), 40005)
+	k.ct.Add(unanswered)
+	a.scanPodPath(logger)
+	a.scanPodPath(logger)
+	if len(k.ct.Deleted) != 1 || k.ct.Deleted[0] != unanswered {
+		t.Errorf("deleted flows = %+v, want the unanswered one", k.ct.Deleted)
+	}
+	mustDo(t, k.ipset.IpsetDel(skipSetName(a.cfg, netrules.IPv4), &netlink.IPSetEntry{IP: pod(7).AsSlice()}))
+	if got := testutil.ToFloat64(a.podPath.blocked.WithLabelValues("IPv4")); got != 2 {
+		t.Errorf("blocked = %v, want 2", got)
+	}
+	if note := a.interceptionNote(); !strings.Contains(note, "dropped on the way") || !strings.Contains(note, pod(7).String()) {
+		t.Errorf("/intercepting note = %q", note)
+	}
+
+	// When the skipped source connects again, through kube-proxy, that is
+	// no bypass;
+	k.ct.Add(flow(pod(5), 40002, apiserver, true))
+	a.scanPodPath(logger)
+	if err := a.podPath.bypassErr(a.now()); err != nil {
+		t.Fatalf("a skipped source counted as a bypass: %v", err)
+	}
+	// nor is the first connection of a new pod whose IP reached the pods
+	// set only since the last scan (it may have begun before);
+	a.local.set("default/d", []netip.Addr{pod(8)})
+	if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+		t.Fatalf("sync = %v, %v", notReady, err)
+	}
+	k.ct.Add(flow(pod(8), 40004, apiserver, true))
+	a.scanPodPath(logger)
+	if err := a.podPath.bypassErr(a.now()); err != nil {
+		t.Fatalf("a new pod's first connection counted as a bypass: %v", err)
+	}
+	// but a new connection of another pod of this node that went to
+	// kube-apiserver while the agent intercepted is, and the agent says it
+	// does not intercept.
+	k.ct.Add(flow(pod(7), 40003, apiserver, true))
+	a.scanPodPath(logger)
+	if err := a.syncAndReport(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Intercepting(); err == nil || !strings.Contains(err.Error(), "bypasses the agent") || !strings.Contains(err.Error(), pod(7).String()) {
+		t.Errorf("Intercepting() after a bypass = %v", err)
+	}
+}
