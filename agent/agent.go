@@ -50,6 +50,9 @@ type Agent struct {
 	// so late that the entry may have expired.
 	podPath   *podPath
 	lastLapse atomic.Int64
+	// syncSawUnhealthy is set by a sync that found the agent unhealthy, so
+	// that the liveness loop asks for a sync as soon as it is healthy.
+	syncSawUnhealthy atomic.Bool
 	// drain is cancelled when shutdown starts, which ends open watches so
 	// their clients reconnect, now past the removed redirect.
 	drain      context.Context
@@ -346,6 +349,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		wg.Go(func() { a.cache.Run(loops) })
 	}
 
+	if a.podPath != nil {
+		a.baselinePodPath()
+	}
 	// A first sync that fails steps aside like any later one: the agent
 	// stays up and ready (a node whose dataplane it cannot drive must not
 	// stop a rollout), reports why it does not intercept, and retries.
@@ -473,9 +479,11 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 		repaired = repaired || added[i]
 	}
 	if err := a.health(); err != nil {
+		a.syncSawUnhealthy.Store(true)
 		a.clearEntriesLocked(logger)
 		return fmt.Errorf("unhealthy: %w", err), nil
 	}
+	a.syncSawUnhealthy.Store(false)
 	if a.selfCheckErr != nil && a.now().Before(a.retryAt) {
 		// The redirect did not take effect last time: stay out until the
 		// retry is due, rather than redirect in vain on every sync.

@@ -89,6 +89,12 @@ func (a *Agent) runLiveness(ctx context.Context) {
 		case <-t.C:
 		}
 		healthErr := a.health()
+		if healthErr == nil && a.syncSawUnhealthy.CompareAndSwap(true, false) {
+			// Healthy since the last sync found otherwise (a certificate
+			// issued, an upstream back): intercept now rather than at the
+			// next sync period.
+			a.requestSync()
+		}
 		// Listeners are checked outside the lock: a handshake takes time.
 		listenerErrs := make([]error, len(a.planes))
 		if healthErr == nil {

@@ -53,12 +53,14 @@ type podPath struct {
 	ct netrules.Conntrack
 
 	blocked, bypassed *prometheus.CounterVec
+	scans             prometheus.Counter
 
 	mu sync.Mutex // protects the fields below
 	// pending holds the redirected connection attempts, by source, that
-	// had no answered flow at the last scan; known the flows seen then.
-	pending map[netip.AddrPort]bool
-	known   map[netrules.Flow]bool
+	// had no answered flow at the last scan; ignored those never judged
+	// (there at the first scan); known the flows seen then.
+	pending, ignored map[netip.AddrPort]bool
+	known            map[netrules.Flow]bool
 	// scanned is set after the first scan: flows of that scan predate the
 	// check and are not taken as bypasses. active says which dataplanes
 	// were intercepted at the last scan, and pods which of this node's pod
@@ -81,12 +83,16 @@ func newPodPath(ct netrules.Conntrack, reg prometheus.Registerer) *podPath {
 			Name: "kube_apicache_pod_path_blocked_total",
 			Help: "Pod connections to a Service VIP that were DNATed to the agent and dropped on the way (a NetworkPolicy or host firewall); their sources go to kube-proxy's path for --bypass-duration.",
 		}, []string{"family"}),
+		scans: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kube_apicache_pod_path_scans_total",
+			Help: "Scans of the pod-path check.",
+		}),
 		bypassed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_pod_path_bypassed_total",
 			Help: "New pod connections to a Service VIP that did not reach the agent while it intercepted (a dataplane ahead of netfilter's nat).",
 		}, []string{"family"}),
 	}
-	reg.MustRegister(p.blocked, p.bypassed)
+	reg.MustRegister(p.blocked, p.bypassed, p.scans)
 	return p
 }
 
@@ -133,6 +139,7 @@ func (a *Agent) runPodPath(ctx context.Context) {
 // scanPodPath runs one scan of every intercepted family.
 func (a *Agent) scanPodPath(logger klog.Logger) {
 	p := a.podPath
+	defer p.scans.Inc()
 	a.planeMu.Lock()
 	type plane struct {
 		d      *dataplane
@@ -145,6 +152,7 @@ func (a *Agent) scanPodPath(logger klog.Logger) {
 	a.planeMu.Unlock()
 
 	now := a.now()
+	ignored := map[netip.AddrPort]bool{}
 	pods := map[*dataplane]map[netip.Addr]bool{}
 	seen := map[netrules.Flow]bool{}
 	pending := map[netip.AddrPort]bool{}
@@ -200,27 +208,42 @@ func (a *Agent) scanPodPath(logger klog.Logger) {
 				}
 			}
 		}
+		blocked := map[netip.Addr][]netrules.Flow{}
+		var judged []netip.AddrPort
 		for _, src := range attempts {
 			f, tracked := flows[src]
 			switch {
+			case p.wasIgnored(src):
+				ignored[src] = true
 			case tracked && (f.SeenReply || f.ReplySrc != d.listen):
 				// Answered, or not ours to judge.
 			case p.wasPending(src):
 				// Still no confirmed flow (the filter dropped the first
 				// packet before conntrack confirmed it), or a confirmed
 				// one never answered, one scan later: blocked.
-				var flow *netrules.Flow
 				if tracked {
-					flow = &f
+					blocked[src.Addr()] = append(blocked[src.Addr()], f)
+				} else if _, ok := blocked[src.Addr()]; !ok {
+					blocked[src.Addr()] = nil
 				}
-				a.skipBlocked(logger, d, src, flow, now)
+				judged = append(judged, src)
 			default:
 				pending[src] = true
 			}
 		}
+		logger.V(5).Info("Pod-path scan", "family", familyName(d.family), "attempts", len(attempts), "flows", len(flows), "pending", len(pending), "blocked", len(blocked))
+		for ip, fs := range blocked {
+			a.skipBlocked(logger, d, ip, fs, now)
+		}
+		for _, src := range judged {
+			// Judged: the attempt is not counted again.
+			if err := d.seen.Forget(src); err != nil {
+				logger.Error(err, "Pod-path check: forgetting a judged attempt", "source", src)
+			}
+		}
 	}
 	p.mu.Lock()
-	p.pending, p.known, p.scanned = pending, seen, true
+	p.pending, p.known, p.ignored, p.scanned = pending, seen, ignored, true
 	p.pods, p.lastScan = pods, now
 	p.active = map[*dataplane]bool{}
 	for _, pl := range planes {
@@ -264,6 +287,36 @@ func addrSet(ips []netip.Addr, err error) map[netip.Addr]bool {
 	return out
 }
 
+// baselinePodPath records, before the agent first intercepts, the
+// connection attempts already in the seen sets: a predecessor killed
+// meanwhile refused them, which is no filter's doing, so they are never
+// judged. Flows are known from the first scan on.
+func (a *Agent) baselinePodPath() {
+	p := a.podPath
+	ignored := map[netip.AddrPort]bool{}
+	for _, d := range a.planes {
+		if d.seen == nil {
+			continue
+		}
+		// A set that does not exist yet holds nothing to ignore.
+		attempts, _ := d.seen.Entries()
+		for _, src := range attempts {
+			ignored[src] = true
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ignored = ignored
+}
+
+// wasIgnored reports whether the attempt from src was there at the first
+// scan.
+func (p *podPath) wasIgnored(src netip.AddrPort) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ignored[src]
+}
+
 func (p *podPath) wasPending(f netip.AddrPort) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -277,35 +330,32 @@ func (p *podPath) isNew(f netrules.Flow) bool {
 	return p.scanned && !p.known[f]
 }
 
-// skipBlocked sends src, whose redirected connection attempt was dropped
-// on its way to the agent, to kube-proxy's path for BypassDuration. A
-// confirmed flow of the attempt (one that was never answered) is deleted,
-// so that its next SYN is NATed afresh; a dropped first packet left none.
-func (a *Agent) skipBlocked(logger klog.Logger, d *dataplane, src netip.AddrPort, flow *netrules.Flow, now time.Time) {
+// skipBlocked sends src, whose redirected connection attempts were
+// dropped on their way to the agent, to kube-proxy's path for
+// BypassDuration. Confirmed flows of those attempts (never answered) are
+// deleted, so that their next SYN is NATed afresh; a dropped first packet
+// left none.
+func (a *Agent) skipBlocked(logger klog.Logger, d *dataplane, src netip.Addr, flows []netrules.Flow, now time.Time) {
 	p := a.podPath
 	a.planeMu.Lock()
-	err := d.skip.Refresh([]netip.Addr{src.Addr()})
+	err := d.skip.Refresh([]netip.Addr{src})
 	a.planeMu.Unlock()
 	if err != nil {
-		logger.Error(err, "Pod-path check: adding a blocked source to the skip set", "source", src.Addr())
+		logger.Error(err, "Pod-path check: adding a blocked source to the skip set", "source", src)
 		return
 	}
-	// Judged: the attempt is not counted again.
-	if err := d.seen.Forget(src); err != nil {
-		logger.Error(err, "Pod-path check: forgetting a judged attempt", "source", src)
-	}
-	if flow != nil {
-		if err := p.ct.Delete(d.family, *flow); err != nil {
-			logger.Error(err, "Pod-path check: deleting the blocked flow", "source", src)
+	for _, f := range flows {
+		if err := p.ct.Delete(d.family, f); err != nil {
+			logger.Error(err, "Pod-path check: deleting the blocked flow", "source", f.Src)
 		}
 	}
 	p.blocked.WithLabelValues(familyName(d.family)).Inc()
 	msg := fmt.Sprintf("%s: a connection to the kubernetes Service was redirected to the agent and dropped on the way (a NetworkPolicy or host firewall must allow %s); that source goes to kube-proxy's path for %s",
-		src.Addr(), d.listen, a.cfg.BypassDuration)
+		src, d.listen, a.cfg.BypassDuration)
 	p.mu.Lock()
 	p.lastBlocked, p.lastBlockedAt = msg, now
 	p.mu.Unlock()
-	logger.Error(nil, "Pod traffic to the agent is dropped; failing open for its source", "source", src.Addr(),
+	logger.Error(nil, "Pod traffic to the agent is dropped; failing open for its source", "source", src,
 		"listen", d.listen, "bypassDuration", a.cfg.BypassDuration)
 }
 

@@ -72,6 +72,30 @@ func TestPodPathKernel(t *testing.T) {
 		if got, err := dialFrom(n.podNS, vip); err != nil || got != "agent" {
 			t.Fatalf("before the filter: the pod reaches %q (%v), want the agent", got, err)
 		}
+		// An answered connection is not blocked, however often it is
+		// looked at.
+		scanIn := func() {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+				if err := netns.Set(n.nodeNS); err != nil {
+					t.Error(err)
+					return
+				}
+				a.scanPodPath(klog.Background())
+			}()
+			<-done
+		}
+		for range 3 {
+			scanIn()
+		}
+		if attempts, err := d.seen.Entries(); err != nil || len(attempts) != 1 {
+			t.Errorf("attempts recorded = %v, %v; want the one connection", attempts, err)
+		}
+		if got := testutil.ToFloat64(a.podPath.blocked.WithLabelValues("IPv4")); got != 0 {
+			t.Fatalf("an answered connection counted as blocked (%v)", got)
+		}
 
 		// when a filter drops the pod's traffic to the listen address and
 		// the check scans meanwhile (in the node's namespace),

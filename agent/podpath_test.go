@@ -52,9 +52,17 @@ func TestPodPath(t *testing.T) {
 		proto := uint8(6)
 		mustDo(t, k.ipset.IpsetAdd(seenSetName(a.cfg, netrules.IPv4), &netlink.IPSetEntry{IP: src.AsSlice(), Port: &port, Protocol: &proto, Replace: true}))
 	}
-	// Given a watch that predates the check, sent to kube-apiserver,
+	// Given a watch that predates the check, sent to kube-apiserver, and an
+	// attempt a killed predecessor refused (no flow left), there before
+	// the agent first intercepted (baselinePodPath),
 	k.ct.Add(flow(pod(5), 30000, apiserver, true))
+	attempt(pod(6), 39999)
+	a.baselinePodPath()
 	a.scanPodPath(logger)
+	a.scanPodPath(logger)
+	if got := testutil.ToFloat64(a.podPath.blocked.WithLabelValues("IPv4")); got != 0 {
+		t.Fatalf("an attempt older than the agent counted as blocked (%v)", got)
+	}
 
 	// when a pod's redirected connection attempt has no conntrack flow
 	// over two scans (a filter dropped its first packet before conntrack

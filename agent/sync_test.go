@@ -353,3 +353,39 @@ func TestDetectLocal(t *testing.T) {
 		})
 	}
 }
+
+// TestSyncRequestedOnceHealthy checks that an agent a sync found unhealthy
+// (its certificate not issued yet, say) intercepts as soon as it is
+// healthy, not a sync period later: the liveness loop asks for a sync.
+func TestSyncRequestedOnceHealthy(t *testing.T) {
+	k := newFakeKernel(t)
+	ep := newTestEndpoint(t, ok)
+	a, _ := newSyncTestAgent(t, k, ep)
+	a.cfg.LivenessTimeout = time.Second
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ep.sick.Store(true)
+	a.up.checkAll(ctx, time.Second)
+	a.syncOrStepAside(ctx)
+	if err := a.Intercepting(); err == nil {
+		t.Fatal("intercepting with a sick upstream")
+	}
+	select {
+	case <-a.syncNow:
+	default:
+	}
+	ep.sick.Store(false)
+	a.up.checkAll(ctx, time.Second)
+	go a.runLiveness(ctx)
+	select {
+	case <-a.syncNow:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no sync asked for once the agent was healthy")
+	}
+	a.syncOrStepAside(ctx)
+	if err := a.Intercepting(); err != nil {
+		t.Errorf("not intercepting after the sync: %v", err)
+	}
+	cancel()
+	a.removeStale()
+}

@@ -706,7 +706,11 @@ func TestPodPathBlocked(t *testing.T) {
 	resp, err := client.Get(vipURL("/version"))
 	took := time.Since(start)
 	if err != nil {
-		t.Fatalf("GET /version from the blocked pod: %v (after %s)", err, took)
+		text, _ := a.Metrics(ctx)
+		nat, _, _ := c.NodeNetState(ctx)
+		sets, _ := c.NodeSets(ctx)
+		ct, _ := c.Node.Output(ctx, "conntrack", "-L", "-d", sandbox.ServiceVIP)
+		t.Fatalf("GET /version from the blocked pod: %v (after %s)\n%s\n%s\n%s\n%s", err, took, grepLines(text, "pod_path"), nat, sets, ct)
 	}
 	resp.Body.Close()
 	figuref(t, "pod-path: a pod whose traffic to the agent is dropped reached kube-apiserver through kube-proxy %s after its request began (TCP retries its SYN after 1s)", took.Round(time.Millisecond))
@@ -731,10 +735,22 @@ func TestPodPathBlocked(t *testing.T) {
 	// Another pod is still intercepted.
 	other := newClientPod(t, ctx, c, "pod-path", "other-pod")
 	otherPool := podCAPool(t, other)
-	waitFor(t, 10*time.Second, "another pod is still intercepted", func() bool {
+	servedOther := func() bool {
 		leaf, err := servedLeaf(ctx, other, otherPool, "kubernetes.default.svc")
 		return err == nil && leaf.Subject.CommonName == "system:node:"+sandbox.NodeName
-	})
+	}
+	waitFor(t, 10*time.Second, "another pod is still intercepted", servedOther)
+	// and stays so, connection after connection, over several scans: an
+	// answered connection is never taken for a blocked one.
+	for i := range 8 {
+		time.Sleep(300 * time.Millisecond)
+		if !servedOther() {
+			t.Fatalf("connection %d of the other pod did not reach the agent", i+1)
+		}
+	}
+	if text, err := a.Metrics(ctx); err != nil || !strings.Contains(text, `kube_apicache_pod_path_blocked_total{family="IPv4"} 1`) {
+		t.Errorf("blocked connections other than the filtered pod's:\n%s", grepLines(text, "pod_path"))
+	}
 }
 
 // TestCleanupAfterKill: given an agent SIGKILLed while intercepting, which

@@ -643,6 +643,11 @@ func (s *dsScenario) reads(t *testing.T, ctx context.Context) {
 	if err := r.log.awaitLine("SYNCED", time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	// The reader's first requests may leave before its IP reaches the
+	// agent's set of this node's pods (--detect-local-mode=PodIPs, the
+	// shipped default): those take kube-proxy's path, by design. What
+	// follows counts from the moment its IP is in the set.
+	inSet := s.waitPodIPInSet(t, ctx, r.Pod.Status.PodIP)
 	// When it runs kubectl.
 	out := s.exec(t, ctx, r, "kubectl", "get", "configmaps")
 	if !strings.Contains(out, "kube-root-ca.crt") {
@@ -660,23 +665,36 @@ func (s *dsScenario) reads(t *testing.T, ctx context.Context) {
 	if !slices.Contains(names, dsClientNS+"/reader") || !slices.ContainsFunc(names, func(n string) bool { return strings.HasPrefix(n, sandbox.AgentNamespace+"/kube-apicache-") }) {
 		t.Errorf("the node's pods through the VIP: %v; want the reader and the agent among them", names)
 	}
-	// Then the agent answered reads from its cache.
-	text, err := s.agentMetrics(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	byOutcome := map[string]float64{}
-	hitsBy := map[string]float64{}
-	for _, m := range parseMetrics(t, text)["kube_apicache_cache_requests_total"] {
-		byOutcome[m.labels["outcome"]] += m.value
-		if m.labels["outcome"] == "hit" {
-			hitsBy[m.labels["verb"]+" "+m.labels["resource"]] += m.value
+	// Then the agent answered reads from its cache. It watches a resource
+	// only once the node reads it: the first read of the node's pods
+	// started that watch and was forwarded, the next ones are answered
+	// once it has synced.
+	var byOutcome, hitsBy map[string]float64
+	readAgain := 0
+	for {
+		text, err := s.agentMetrics(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
+		byOutcome, hitsBy = map[string]float64{}, map[string]float64{}
+		for _, m := range parseMetrics(t, text)["kube_apicache_cache_requests_total"] {
+			byOutcome[m.labels["outcome"]] += m.value
+			if m.labels["outcome"] == "hit" {
+				hitsBy[m.labels["verb"]+" "+m.labels["resource"]] += m.value
+			}
+		}
+		if byOutcome["hit"] > 0 || readAgain == 20 {
+			break
+		}
+		readAgain++
+		time.Sleep(250 * time.Millisecond)
+		s.exec(t, ctx, r, "kubectl", "get", "--raw", "/api/v1/pods?fieldSelector=spec.nodeName%3D"+sandbox.NodeName)
 	}
 	if byOutcome["hit"] == 0 {
-		t.Errorf("no cache hits; outcomes %v", byOutcome)
+		t.Errorf("no cache hits after %d more reads; outcomes %v", readAgain, byOutcome)
 	}
-	figuref(t, "reads: %d pods on the node through the VIP; cache outcomes %v, hits by verb and resource %v", len(list.Items), byOutcome, hitsBy)
+	figuref(t, "reads: %d pods on the node through the VIP; cache outcomes %v (first hit after %d more reads), hits by verb and resource %v",
+		len(list.Items), byOutcome, readAgain, hitsBy)
 
 	// And every request kube-apiserver received from the pod (the agent
 	// appends the pod's address to X-Forwarded-For) carried the pod's own
@@ -684,7 +702,9 @@ func (s *dsScenario) reads(t *testing.T, ctx context.Context) {
 	want := "system:serviceaccount:" + dsClientNS + ":" + dsClientSA
 	var forwarded, direct, wrong int
 	agents := map[string]int{}
-	for _, ev := range auditEvents(t, c, func(ev *auditv1.Event) bool { return slices.Contains(ev.SourceIPs, r.Pod.Status.PodIP) }) {
+	for _, ev := range auditEvents(t, c, func(ev *auditv1.Event) bool {
+		return slices.Contains(ev.SourceIPs, r.Pod.Status.PodIP) && !ev.RequestReceivedTimestamp.Time.Before(inSet)
+	}) {
 		if slices.Contains(ev.SourceIPs, sandbox.NodeIP) {
 			forwarded++
 		} else {
@@ -708,6 +728,18 @@ func (s *dsScenario) reads(t *testing.T, ctx context.Context) {
 	}
 	figuref(t, "reads: kube-apiserver logged %d requests forwarded for the pod (by user agent %v), %d with another identity than %s, %d direct",
 		forwarded, agents, wrong, want, direct)
+}
+
+// waitPodIPInSet waits until the agent's set of this node's pod IPs holds
+// ip, and returns when it saw it there.
+func (s *dsScenario) waitPodIPInSet(t *testing.T, ctx context.Context, ip string) time.Time {
+	t.Helper()
+	took := waitFor(t, 30*time.Second, "the pod's IP in the agent's set of this node's pods", func() bool {
+		out, err := s.c.Node.Output(ctx, "ipset", "list", sandbox.AgentLivenessSet+"-PODS")
+		return err == nil && slices.Contains(strings.Fields(out), ip)
+	})
+	figuref(t, "detect-local: the pod's IP %s was in the agent's set of this node's pods %s after the pod was Running", ip, took.Round(time.Millisecond))
+	return time.Now()
 }
 
 // rollout: given two load clients (a new connection per request, and one
@@ -843,22 +875,37 @@ func (s *dsScenario) kill(t *testing.T, ctx context.Context) {
 	if out, err := s.node.CtrOutput(ctx, "tasks", "kill", "-s", "SIGKILL", id); err != nil {
 		t.Fatalf("ctr tasks kill: %v %s", err, out)
 	}
-	// Then the entry expires with no process acting on it.
-	expired := waitFor(t, 5*time.Second, "liveness entry expiry", func() bool {
-		return !slices.Contains(liveEntries(t, ctx, s.c), sandbox.ServiceVIP)
+	// Then the entry expires with no process acting on it, unless the
+	// kubelet's restart, which reuses its certificate from the state
+	// directory, has taken it over first: an entry still there past the
+	// liveness timeout with the container restarted was refreshed by the
+	// new agent.
+	var expired string
+	waitFor(t, 5*time.Second, "liveness entry expiry or a restarted agent holding it", func() bool {
+		if !slices.Contains(liveEntries(t, ctx, s.c), sandbox.ServiceVIP) {
+			expired = "liveness entry expired " + time.Since(killed).Round(time.Millisecond).String() + " after"
+			return true
+		}
+		if _, st := s.agentStatus(t, ctx); st.RestartCount > before.RestartCount && time.Since(killed) > 2*livenessTimeout {
+			expired = "restarted agent took the liveness entry over before it expired"
+			return true
+		}
+		return false
 	})
 	// And the kubelet's restart intercepts again.
 	waitFor(t, 2*time.Minute, "the restarted agent intercepts", func() bool { return s.intercepting(t, ctx) })
 	restored := time.Since(killed)
 	_, after := s.agentStatus(t, ctx)
-	time.Sleep(time.Second)
+	// The load runs at least five seconds past the kill, however fast
+	// the restarted agent took over.
+	time.Sleep(max(time.Second, 5*time.Second-time.Since(killed)))
 	res := s.stopLoad(t, ctx, load)
 	reason := ""
 	if term := after.LastTerminationState.Terminated; term != nil {
 		reason = fmt.Sprintf("%s, exit code %d", term.Reason, term.ExitCode)
 	}
-	figuref(t, "kill: SIGKILL via ctr; liveness entry expired %s after, restarted agent (restarts %d, last state %s) intercepting %s after; load: %s",
-		expired.Round(time.Millisecond), after.RestartCount, reason, restored.Round(time.Millisecond), res)
+	figuref(t, "kill: SIGKILL via ctr; %s; restarted agent (restarts %d, last state %s) intercepting %s after; load: %s",
+		expired, after.RestartCount, reason, restored.Round(time.Millisecond), res)
 	if after.RestartCount != before.RestartCount+1 {
 		t.Errorf("restart count %d, want %d", after.RestartCount, before.RestartCount+1)
 	}
@@ -871,11 +918,16 @@ func (s *dsScenario) kill(t *testing.T, ctx context.Context) {
 	s.assertNoDuplicates(t, ctx, "kill")
 }
 
-// patchMemory sets the agent container's memory request and limit.
-func (s *dsScenario) patchMemory(t *testing.T, ctx context.Context, request, limit string) {
+// patchMemory sets the agent container's memory request and limit, and
+// appends args to its arguments, in one rollout.
+func (s *dsScenario) patchMemory(t *testing.T, ctx context.Context, request, limit string, args ...string) {
 	t.Helper()
+	var extra string
+	for _, a := range args {
+		extra += fmt.Sprintf(`,{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":%q}`, a)
+	}
 	patch := fmt.Sprintf(`[{"op":"replace","path":"/spec/template/spec/containers/0/resources/requests/memory","value":%q},`+
-		`{"op":"replace","path":"/spec/template/spec/containers/0/resources/limits/memory","value":%q}]`, request, limit)
+		`{"op":"replace","path":"/spec/template/spec/containers/0/resources/limits/memory","value":%q}%s]`, request, limit, extra)
 	if _, err := s.c.Admin.AppsV1().DaemonSets(sandbox.AgentNamespace).Patch(ctx, "kube-apicache", types.JSONPatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -899,9 +951,10 @@ func (s *dsScenario) oom(t *testing.T, ctx context.Context) {
 			gaugeValue(t, text, "process_resident_memory_bytes")/(1<<20), gaugeValue(t, text, "go_memstats_heap_inuse_bytes")/(1<<20))
 	}
 
-	// Given the agent restarted under the low limit.
+	// Given the agent restarted under the low limit, watching services from
+	// start-up (it would otherwise cache them only once a pod reads them).
 	old, _ := s.agentPod(ctx)
-	s.patchMemory(t, ctx, dsOOMLimit, dsOOMLimit)
+	s.patchMemory(t, ctx, dsOOMLimit, dsOOMLimit, "--cache-pinned-resources=services")
 	pod := s.waitAgentReady(t, ctx, 2*time.Minute, old.UID)
 	if got := pod.Spec.Containers[0].Resources.Limits.Memory(); got.Cmp(resource.MustParse(dsOOMLimit)) != 0 {
 		t.Fatalf("new agent pod's memory limit %s, want %s", got, dsOOMLimit)
@@ -955,14 +1008,25 @@ func (s *dsScenario) oom(t *testing.T, ctx context.Context) {
 	if term == nil {
 		t.Fatalf("the agent survived %d services of %d KiB under a %s limit", created, dsOOMServiceBytes>>10, dsOOMLimit)
 	}
+	takenOver := false
 	if goneAt.IsZero() {
-		waitFor(t, 5*time.Second, "liveness entry expiry after the OOM kill", func() bool {
-			return !slices.Contains(liveEntries(t, ctx, c), sandbox.ServiceVIP)
+		// The restarted container reuses its certificate (state directory)
+		// and may take the entry over before it expires.
+		waitFor(t, 5*time.Second, "liveness entry expiry after the OOM kill, or a restarted agent holding it", func() bool {
+			if !slices.Contains(liveEntries(t, ctx, c), sandbox.ServiceVIP) {
+				goneAt = time.Now()
+				return true
+			}
+			_, st := s.agentStatus(t, ctx)
+			takenOver = st.RestartCount > 0 && time.Since(killedAt) > 2*livenessTimeout
+			return takenOver
 		})
-		goneAt = time.Now()
 	}
 	order := fmt.Sprintf("%s after", goneAt.Sub(killedAt).Round(time.Millisecond))
-	if goneAt.Before(killedAt) {
+	switch {
+	case takenOver:
+		order = "never: the restarted agent took it over before it expired, and"
+	case goneAt.Before(killedAt):
 		order = fmt.Sprintf("%s before", killedAt.Sub(goneAt).Round(time.Millisecond))
 	}
 	figuref(t, "oom: limit %s; the agent was killed after %d headless services of %d KiB (%d MiB) were created; reason %s (exit code %d); liveness entry seen gone %s the kubelet reported the kill (both polled)",
