@@ -74,21 +74,8 @@ func TestPodPathKernel(t *testing.T) {
 		}
 		// An answered connection is not blocked, however often it is
 		// looked at.
-		scanIn := func() {
-			done := make(chan struct{})
-			go func() {
-				defer close(done)
-				runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-				if err := netns.Set(n.nodeNS); err != nil {
-					t.Error(err)
-					return
-				}
-				a.scanPodPath(klog.Background())
-			}()
-			<-done
-		}
 		for range 3 {
-			scanIn()
+			<-inNodeNS(t, n, func() { a.scanPodPath(klog.Background()) })
 		}
 		if attempts, err := d.seen.Entries(); err != nil || len(attempts) != 1 {
 			t.Errorf("attempts recorded = %v, %v; want the one connection", attempts, err)
@@ -101,14 +88,7 @@ func TestPodPathKernel(t *testing.T) {
 		// the check scans meanwhile (in the node's namespace),
 		mustDo(t, ipt.Insert("filter", "INPUT", 1, "-s", podVeth4.Addr().String(), "-d", d.listen.Addr().String(), "-p", "tcp", "-j", "DROP"))
 		stop := make(chan struct{})
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-			if err := netns.Set(n.nodeNS); err != nil {
-				t.Error(err)
-				return
-			}
+		done := inNodeNS(t, n, func() {
 			for {
 				select {
 				case <-stop:
@@ -117,7 +97,7 @@ func TestPodPathKernel(t *testing.T) {
 				}
 				a.scanPodPath(klog.Background())
 			}
-		}()
+		})
 		start := time.Now()
 		got, err := dialFrom(n.podNS, vip)
 		took := time.Since(start)
@@ -145,4 +125,21 @@ func TestPodPathKernel(t *testing.T) {
 			t.Errorf("the node reaches %q (%v), want the agent", got, err)
 		}
 	})
+}
+
+// inNodeNS runs fn on a thread of its own in n's node namespace (the
+// check's netlink sockets are opened there) and returns a channel closed
+// when fn is done.
+func inNodeNS(t *testing.T, n *kernelNode, fn func()) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := netns.Set(n.nodeNS); err != nil {
+			t.Error(err)
+			return
+		}
+		fn()
+	}()
+	return done
 }

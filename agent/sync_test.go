@@ -175,10 +175,7 @@ func (s *stallingIPTables) List(table, chain string) ([]string, error) {
 // entry of a healthy agent keeps being refreshed, so interception does not
 // flap while netfilter is slow.
 func TestLivenessNotBehindSync(t *testing.T) {
-	k := newFakeKernel(t)
-	ep := newTestEndpoint(t, ok)
-	a, _ := newSyncTestAgent(t, k, ep)
-	a.cfg.LivenessTimeout = time.Second
+	k, _, a := newLivenessTestAgent(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	if notReady, err := a.sync(ctx); err != nil || notReady != nil {
@@ -358,10 +355,7 @@ func TestDetectLocal(t *testing.T) {
 // (its certificate not issued yet, say) intercepts as soon as it is
 // healthy, not a sync period later: the liveness loop asks for a sync.
 func TestSyncRequestedOnceHealthy(t *testing.T) {
-	k := newFakeKernel(t)
-	ep := newTestEndpoint(t, ok)
-	a, _ := newSyncTestAgent(t, k, ep)
-	a.cfg.LivenessTimeout = time.Second
+	_, ep, a := newLivenessTestAgent(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ep.sick.Store(true)
@@ -388,4 +382,15 @@ func TestSyncRequestedOnceHealthy(t *testing.T) {
 	}
 	cancel()
 	a.removeStale()
+}
+
+// newLivenessTestAgent is a sync test agent whose liveness loop refreshes
+// every 250ms (a one-second timeout).
+func newLivenessTestAgent(t *testing.T) (*fakeKernel, *testEndpoint, *Agent) {
+	t.Helper()
+	k := newFakeKernel(t)
+	ep := newTestEndpoint(t, ok)
+	a, _ := newSyncTestAgent(t, k, ep)
+	a.cfg.LivenessTimeout = time.Second
+	return k, ep, a
 }
