@@ -113,7 +113,7 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	}
 
 	// and the agent left idle before any pod reads through it,
-	idle, err := b.idle(ctx)
+	idle, err := b.idle(ctx, agentBin)
 	if err != nil {
 		return err
 	}

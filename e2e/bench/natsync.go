@@ -40,15 +40,9 @@ type natSyncResult struct {
 // whole table (what the sync did in earlier releases) costs.
 func (b *bench) natSyncCost(ctx context.Context, agentBin string, services, endpointsPerService int, window time.Duration) (empty, full natSyncResult, dump string, err error) {
 	c := b.c
-	pod := b.agent.Pod
-	b.agent.Process.Stop(40 * time.Second)
-	certFile, keyFile := b.agent.CertFile, b.agent.KeyFile
-	agent, err := c.StartAgent(ctx, pod, agentBin, c.AgentArgs(certFile, keyFile, "--sync-period=1s", "--cache-resources=")...)
-	if err != nil {
+	if err := b.replaceAgent(ctx, agentBin, "--sync-period=1s", "--cache-resources="); err != nil {
 		return empty, full, "", err
 	}
-	agent.CertFile, agent.KeyFile = certFile, keyFile
-	b.agent = agent
 	if empty, err = b.measureSyncs(ctx, window); err != nil {
 		return empty, full, "", err
 	}
@@ -86,6 +80,21 @@ func (b *bench) natSyncCost(ctx context.Context, agentBin string, services, endp
 		dump = fmt.Sprintf("one `iptables -t nat -S` of that table (the whole-table listing earlier releases ran on every sync): %v CPU, %d MiB peak RSS", cpu.Round(time.Millisecond), ru.Maxrss/1024)
 	}
 	return empty, full, dump, nil
+}
+
+// replaceAgent stops the bench's agent and starts another in its pod, with
+// its serving certificate and the sandbox's flags, --profiling and extra.
+func (b *bench) replaceAgent(ctx context.Context, agentBin string, extra ...string) error {
+	c := b.c
+	pod, certFile, keyFile := b.agent.Pod, b.agent.CertFile, b.agent.KeyFile
+	b.agent.Process.Stop(40 * time.Second)
+	agent, err := c.StartAgent(ctx, pod, agentBin, c.AgentArgs(certFile, keyFile, append([]string{"--profiling"}, extra...)...)...)
+	if err != nil {
+		return err
+	}
+	agent.CertFile, agent.KeyFile = certFile, keyFile
+	b.agent = agent
+	return nil
 }
 
 // measureSyncs watches the running agent for window and returns what its
