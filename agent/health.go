@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -445,9 +446,27 @@ func (b *observedBody) Read(p []byte) (int, error) {
 		b.ep.succeeded(b.up.clock())
 	}
 	if err != nil && err != io.EOF && b.ctx.Err() == nil && !b.closed.Load() && b.reported.CompareAndSwap(false, true) {
-		b.up.reportFailure(klog.FromContext(b.ctx), b.ep.url.Host, fmt.Errorf("response body broke off: %w", err))
+		if isStreamReset(err) {
+			// The endpoint reset this one stream: kube-apiserver does so
+			// when a handler aborts (a pod's proxied or streamed response
+			// broken off by the pod, which any tenant can arrange), while
+			// the connection and every other request on it are fine. It
+			// only makes the endpoint suspect: probed within a period,
+			// unless something it answers meanwhile proves it.
+			b.ep.lastTrouble.Store(b.up.clock().UnixNano())
+			b.up.wake()
+		} else {
+			b.up.reportFailure(klog.FromContext(b.ctx), b.ep.url.Host, fmt.Errorf("response body broke off: %w", err))
+		}
 	}
 	return n, err
+}
+
+// isStreamReset reports whether err ended one HTTP/2 stream rather than
+// its connection. net/http's HTTP/2 client does not export its stream
+// error type; its message is "stream error: stream ID N; CODE...".
+func isStreamReset(err error) bool {
+	return strings.HasPrefix(err.Error(), "stream error: ")
 }
 
 func (b *observedBody) Close() error {

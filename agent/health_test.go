@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -494,5 +495,54 @@ kube_apicache_upstream_passive_failures_total 1
 	}
 	if got := u.stats.probes[probeUnchecked][0].Load(); got != 1 {
 		t.Errorf("unchecked/ok probes = %d, want 1", got)
+	}
+}
+
+// TestStreamResetIsNoFailure: kube-apiserver resets a single HTTP/2 stream
+// when a handler aborts, as it does when a pod whose response it proxies
+// breaks it off, which any tenant with a pod can arrange. That must not
+// mark the endpoint unhealthy (a tenant could otherwise make the agent
+// fail over, or fail open, at will): the endpoint only becomes suspect,
+// and stays healthy.
+func TestStreamResetIsNoFailure(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write([]byte("partial"))
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	srv.EnableHTTP2 = true
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	epURL := &url.URL{Scheme: "https", Host: srv.Listener.Addr().String()}
+	tr := srv.Client().Transport.(*http.Transport).Clone()
+	tr.ForceAttemptHTTP2 = true
+	u := &upstreams{transport: tr, upgradeTransport: http1Only(tr), endpoints: []*endpoint{newEndpoint(epURL)}}
+	withClock(u)
+	u.mu.Lock()
+	healthyAt(u.endpoints[0], u.clock())
+	u.mu.Unlock()
+	req, _ := http.NewRequest(http.MethodGet, epURL.JoinPath("/api/v1/namespaces/t/pods/p/proxy/").String(), nil)
+	resp, err := u.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Fatalf("HTTP/%d, want 2", resp.ProtoMajor)
+	}
+	_, err = io.ReadAll(resp.Body)
+	if err == nil || !isStreamReset(err) {
+		t.Fatalf("reading the aborted response: %v, want a stream reset", err)
+	}
+	if err := u.healthy(); err != nil {
+		t.Errorf("healthy() = %v after one stream was reset", err)
+	}
+	if got := u.stats.passiveFailures.Load(); got != 0 {
+		t.Errorf("%d passive failures, want 0", got)
+	}
+	if u.endpoints[0].lastTrouble.Load() == 0 {
+		t.Error("the endpoint was not made suspect")
 	}
 }
