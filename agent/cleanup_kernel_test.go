@@ -59,6 +59,10 @@ func TestCleanupKernel(t *testing.T) {
 			mustDo(t, err)
 			_, _, err = d.sync()
 			mustDo(t, err)
+			// The attempts set is bounded.
+			if res, err := h.IpsetList(d.seen.Name()); err != nil || res.MaxElements != netrules.MaxAttempts {
+				t.Errorf("%s: attempts set %+v, %v; want at most %d entries", familyName(d.family), res, err, netrules.MaxAttempts)
+			}
 			// The kernel prints the jump with its detect-local match as
 			// the agent writes it: a second sync changes nothing.
 			if _, res, err := d.sync(); err != nil || res.Changed() {

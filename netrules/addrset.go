@@ -32,7 +32,7 @@ func (s *AddressSet) Name() string { return s.name }
 // Ensure creates the set unless a compatible one exists. It reports whether
 // it created it.
 func (s *AddressSet) Ensure() (bool, error) {
-	return ensureSet(s.ipset, s.name, "hash:ip", s.family, nil)
+	return ensureSet(s.ipset, s.name, "hash:ip", s.family, nil, 0)
 }
 
 // Sync makes the set hold exactly want (addresses of another family are

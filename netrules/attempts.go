@@ -34,11 +34,18 @@ func NewAttemptSet(ipset IPSet, name string, family Family, timeout time.Duratio
 // Name returns the set's name.
 func (s *AttemptSet) Name() string { return s.name }
 
+// MaxAttempts bounds the attempts an AttemptSet holds. A pod opening
+// connections faster than that over the set's timeout fills it; further
+// attempts are then not recorded (the SET target fails silently and the
+// rule after it still applies), so what a reader of the set lists, and
+// what that costs it, stays bounded whatever the node's pods do.
+const MaxAttempts = 4096
+
 // Ensure creates the set unless a compatible one exists. It reports whether
 // it created it.
 func (s *AttemptSet) Ensure() (bool, error) {
 	timeout := uint32(max((s.timeout+time.Second-1)/time.Second, 1))
-	return ensureSet(s.ipset, s.name, "hash:ip,port", s.family, &timeout)
+	return ensureSet(s.ipset, s.name, "hash:ip,port", s.family, &timeout, MaxAttempts)
 }
 
 // Entries returns the attempts in the set now, as source address and port.

@@ -101,15 +101,16 @@ func (s *LivenessSet) seconds() uint32 {
 // it created it.
 func (s *LivenessSet) Ensure() (bool, error) {
 	timeout := s.seconds()
-	return ensureSet(s.ipset, s.name, "hash:ip", s.family, &timeout)
+	return ensureSet(s.ipset, s.name, "hash:ip", s.family, &timeout, 0)
 }
 
 // ensureSet creates set name of typ and family, with a default timeout if
-// timeout is not nil, unless a set of that name, type, family and kind of
-// timeout exists. A set of the same name but of another kind cannot be
+// timeout is not nil and at most maxElements entries if that is not zero
+// (else the kernel's default, 65536), unless a set of that name, type,
+// family and kind of timeout exists. A set of the same name but of another kind cannot be
 // ours to keep: it is replaced (which fails while a rule references it).
 // It reports whether it created the set.
-func ensureSet(ipset IPSet, name, typ string, family Family, timeout *uint32) (bool, error) {
+func ensureSet(ipset IPSet, name, typ string, family Family, timeout *uint32, maxElements uint32) (bool, error) {
 	res, err := ipset.IpsetList(name)
 	switch {
 	case err == nil && res.TypeName == typ && Family(res.Family) == family && (res.Timeout != nil) == (timeout != nil):
@@ -121,7 +122,7 @@ func ensureSet(ipset IPSet, name, typ string, family Family, timeout *uint32) (b
 	case !IsSetNotExist(err):
 		return false, fmt.Errorf("listing ipset %s: %w", name, err)
 	}
-	if err := ipset.IpsetCreate(name, typ, netlink.IpsetCreateOptions{Family: uint8(family), Timeout: timeout}); err != nil {
+	if err := ipset.IpsetCreate(name, typ, netlink.IpsetCreateOptions{Family: uint8(family), Timeout: timeout, MaxElements: maxElements}); err != nil {
 		return false, fmt.Errorf("creating ipset %s: %w", name, err)
 	}
 	return true, nil
