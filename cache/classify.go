@@ -58,6 +58,7 @@ const (
 	reasonVersion         = "other-version"
 	reasonNoRoute         = "no-route"
 	reasonSourceShare     = "source-share"
+	reasonFieldLabel      = "field-label"
 )
 
 // plan is what the cache will do for one request, decided before any
@@ -80,7 +81,7 @@ type plan struct {
 	// pred selects a list's objects.
 	pred Predicate
 	// badRequest is the 400 kube-apiserver answers once the request is
-	// authorized (an unparsable selector or unsupported field label).
+	// authorized (an unparsable selector).
 	badRequest error
 	// mayBeAbsent: a get whose name the cache's scope covers, so a miss is
 	// a real 404; otherwise a miss is forwarded.
@@ -249,8 +250,9 @@ func (c *Cache) classifyList(p *plan, query map[string][]string) (*plan, string)
 	}
 	field, err := field.Transform(res.fields.convert)
 	if err != nil {
-		p.badRequest = apierrors.NewBadRequest(err.Error())
-		return p, ""
+		// A label the cache does not know exactly as kube-apiserver does
+		// is kube-apiserver's to answer, with a 400 or with objects.
+		return nil, reasonFieldLabel
 	}
 	label := opts.LabelSelector
 	if label == nil {
@@ -329,7 +331,7 @@ func withoutScopeTerms(sel fields.Selector, scope map[string]string) fields.Sele
 // kube-apiserver has no route for, although RequestInfo parses it: a
 // cluster-scoped resource under /namespaces/<ns>/ (which would also be
 // authorized in <ns>, so a namespaced Role could read cluster-scoped
-// objects), or a namespaced object by name without its namespace. The one
+// objects), or a namespaced object got by name without its namespace. The one
 // cluster-scoped object kube-apiserver does serve under a namespace path is
 // the Namespace itself, /api/v1/namespaces/<name>, which RequestInfo
 // attributes to namespace <name>. RequestInfo also trims leading slashes,
@@ -349,7 +351,9 @@ func routeMismatch(r *http.Request, info *request.RequestInfo, namespaced bool) 
 			return ""
 		}
 		return reasonNoRoute
-	case namespaced && info.Namespace == "" && info.Name != "":
+	case namespaced && info.Namespace == "" && info.Name != "" && info.Verb == "get":
+		// A list or watch across namespaces with a metadata.name field
+		// selector also carries a Name (for authorization), and is served.
 		return reasonNoRoute
 	}
 	return ""

@@ -290,12 +290,10 @@ func crdFieldLabels(namespaced bool, selectable []apiextensionsv1.SelectableFiel
 		paths = append(paths, field{name: name, path: p})
 		names[name] = true
 	}
-	fl := fieldLabels{convert: func(label, value string) (string, string, error) {
-		if label == "metadata.name" || (namespaced && label == "metadata.namespace") || names[label] {
-			return label, value, nil
-		}
-		return "", "", notSupported(label)
-	}}
+	fl := fieldLabelsFor(schema.GroupResource{}, false, namespaced)
+	for name := range names {
+		fl.labels[name] = name
+	}
 	if len(paths) > 0 {
 		fl.set = func(obj runtime.Object) fields.Set {
 			set := fields.Set{}

@@ -4,7 +4,15 @@ import (
 	"fmt"
 	"strconv"
 
+	batchv1 "k8s.io/api/batch/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	certificatesv1alpha1 "k8s.io/api/certificates/v1alpha1"
+	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	resourcev1beta1 "k8s.io/api/resource/v1beta1"
+	resourcev1beta2 "k8s.io/api/resource/v1beta2"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -12,48 +20,83 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// fieldLabels is what kube-apiserver supports in field selectors for one
-// resource: the conversion of a requested label (the error text is
-// kube-apiserver's), and the field set an object is matched against.
+// fieldLabels is what kube-apiserver accepts in field selectors for one
+// resource, and how it matches them.
+//
+// kube-apiserver's handler first converts each requested label with the
+// conversion function registered for the request's kind (a 400 for a label
+// it does not accept), then matches the converted labels against the field
+// set its registry computes for each object. labels is the first half:
+// every accepted label, mapped to the field it becomes (usually itself;
+// pods accept the old "spec.host" for "spec.nodeName", events.k8s.io
+// accepts "regarding.kind" for "involvedObject.kind"). set is the second
+// half, for the fields other than metadata.name and metadata.namespace,
+// which attrsFor adds.
+//
+// A label that is not in labels is never refused by the cache: the request
+// is forwarded, so that kube-apiserver answers it (with a 400, or with the
+// objects of a field a newer kube-apiserver added). The cache answers only
+// the labels it knows exactly; TestFieldLabelsMatchKubeAPIServer in the e2e
+// suite checks these tables against a live kube-apiserver.
 type fieldLabels struct {
-	convert func(label, value string) (string, string, error)
-	// set returns the resource-specific fields; metadata fields are added
-	// by attrsFor.
-	set func(runtime.Object) fields.Set
+	labels map[string]string
+	set    func(runtime.Object) fields.Set
 }
 
-func notSupported(label string) error {
-	return fmt.Errorf("field label not supported: %s", label)
+// errUnknownFieldLabel is returned by convert for a label the cache does
+// not answer.
+type errUnknownFieldLabel string
+
+func (e errUnknownFieldLabel) Error() string {
+	return fmt.Sprintf("field label %q is not answered from the cache", string(e))
 }
 
-// oneOf accepts exactly the given labels.
-func oneOf(supported ...string) func(string, string) (string, string, error) {
-	return func(label, value string) (string, string, error) {
-		for _, s := range supported {
-			if label == s {
-				return label, value, nil
-			}
-		}
-		return "", "", notSupported(label)
+// convert maps a requested label to the field it selects, as a
+// fields.TransformFunc.
+func (fl fieldLabels) convert(label, value string) (string, string, error) {
+	if f, ok := fl.labels[label]; ok {
+		return f, value, nil
 	}
+	return "", "", errUnknownFieldLabel(label)
 }
 
-// builtinFieldLabels are the field labels of kube-apiserver's built-in
-// resources that differ from the metadata-only default (core/v1 conversion
-// functions and the registries' selectable field sets).
+// known reports whether the cache answers label.
+func (fl fieldLabels) known(label string) bool {
+	_, ok := fl.labels[label]
+	return ok
+}
+
+// accept returns the identity mapping of labels.
+func accept(names ...string) map[string]string {
+	m := make(map[string]string, len(names))
+	for _, n := range names {
+		m[n] = n
+	}
+	return m
+}
+
+// metadataLabels is what kube-apiserver accepts for a built-in kind with no
+// conversion function of its own (runtime.DefaultMetaV1FieldSelectorConversion):
+// both metadata fields, even for a cluster-scoped kind, whose objects then
+// have an empty metadata.namespace.
+var metadataLabels = accept("metadata.name", "metadata.namespace")
+
+// builtinFieldLabels are kube-apiserver's (v1.36) field labels for the
+// built-in resources that differ from metadataLabels: the conversion
+// functions registered in k8s.io/kubernetes/pkg/apis/<group>/<version> and
+// the selectable field sets of k8s.io/kubernetes/pkg/registry. The values
+// are formatted as the registries format them. apps/v1 replicasets and
+// coordination leasecandidates have registry fields (status.replicas,
+// spec.leaseName) that no served version's conversion accepts, so they are
+// metadata-only here as they are in kube-apiserver.
 var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 	{Resource: "pods"}: {
-		convert: func(label, value string) (string, string, error) {
-			switch label {
-			case "metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
-				"spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
-				"status.podIP", "status.podIPs", "status.nominatedNodeName":
-				return label, value, nil
-			case "spec.host": // old clients
-				return "spec.nodeName", value, nil
-			}
-			return "", "", notSupported(label)
-		},
+		labels: withAliases(accept("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
+			"spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
+			"status.podIP", "status.podIPs", "status.nominatedNodeName"),
+			"spec.host", "spec.nodeName"), // old clients
+		// status.podIPs is accepted but has no value in the registry's
+		// set, so it matches as the empty string.
 		set: func(obj runtime.Object) fields.Set {
 			pod, ok := obj.(*corev1.Pod)
 			if !ok {
@@ -76,7 +119,7 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Resource: "nodes"}: {
-		convert: oneOf("metadata.name", "spec.unschedulable"),
+		labels: accept("metadata.name", "spec.unschedulable"),
 		set: func(obj runtime.Object) fields.Set {
 			node, ok := obj.(*corev1.Node)
 			if !ok {
@@ -86,17 +129,17 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Resource: "namespaces"}: {
-		convert: oneOf("status.phase", "metadata.name"),
+		labels: accept("metadata.name", "status.phase"),
 		set: func(obj runtime.Object) fields.Set {
 			ns, ok := obj.(*corev1.Namespace)
 			if !ok {
 				return fields.Set{}
 			}
-			return fields.Set{"status.phase": string(ns.Status.Phase), "name": ns.Name}
+			return fields.Set{"status.phase": string(ns.Status.Phase)}
 		},
 	},
 	{Resource: "services"}: {
-		convert: oneOf("metadata.namespace", "metadata.name", "spec.clusterIP", "spec.type"),
+		labels: accept("metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"),
 		set: func(obj runtime.Object) fields.Set {
 			svc, ok := obj.(*corev1.Service)
 			if !ok {
@@ -106,7 +149,7 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Resource: "secrets"}: {
-		convert: oneOf("type", "metadata.namespace", "metadata.name"),
+		labels: accept("metadata.name", "metadata.namespace", "type"),
 		set: func(obj runtime.Object) fields.Set {
 			s, ok := obj.(*corev1.Secret)
 			if !ok {
@@ -115,23 +158,186 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 			return fields.Set{"type": string(s.Type)}
 		},
 	},
+	{Resource: "replicationcontrollers"}: {
+		labels: accept("metadata.name", "metadata.namespace", "status.replicas"),
+		set: func(obj runtime.Object) fields.Set {
+			rc, ok := obj.(*corev1.ReplicationController)
+			if !ok {
+				return fields.Set{}
+			}
+			return fields.Set{"status.replicas": strconv.Itoa(int(rc.Status.Replicas))}
+		},
+	},
+	{Resource: "events"}: {
+		labels: accept("metadata.name", "metadata.namespace", "involvedObject.kind", "involvedObject.namespace",
+			"involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
+			"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent",
+			"source", "type"),
+		set: func(obj runtime.Object) fields.Set {
+			ev, ok := obj.(*corev1.Event)
+			if !ok {
+				return fields.Set{}
+			}
+			source := ev.Source.Component
+			if source == "" {
+				source = ev.ReportingController
+			}
+			set := eventFields(ev.InvolvedObject, ev.Reason, ev.ReportingController, ev.Type)
+			set["source"] = source
+			return set
+		},
+	},
+	{Group: "events.k8s.io", Resource: "events"}: {
+		// The same registry as core events: its labels are converted to
+		// the core field names.
+		labels: map[string]string{
+			"metadata.name":             "metadata.name",
+			"metadata.namespace":        "metadata.namespace",
+			"reason":                    "reason",
+			"type":                      "type",
+			"reportingController":       "reportingComponent",
+			"regarding.kind":            "involvedObject.kind",
+			"regarding.namespace":       "involvedObject.namespace",
+			"regarding.name":            "involvedObject.name",
+			"regarding.uid":             "involvedObject.uid",
+			"regarding.apiVersion":      "involvedObject.apiVersion",
+			"regarding.resourceVersion": "involvedObject.resourceVersion",
+			"regarding.fieldPath":       "involvedObject.fieldPath",
+		},
+		set: func(obj runtime.Object) fields.Set {
+			ev, ok := obj.(*eventsv1.Event)
+			if !ok {
+				return fields.Set{}
+			}
+			return eventFields(ev.Regarding, ev.Reason, ev.ReportingController, ev.Type)
+		},
+	},
+	{Group: "batch", Resource: "jobs"}: {
+		labels: accept("metadata.name", "metadata.namespace", "status.successful"),
+		set: func(obj runtime.Object) fields.Set {
+			job, ok := obj.(*batchv1.Job)
+			if !ok {
+				return fields.Set{}
+			}
+			return fields.Set{"status.successful": strconv.Itoa(int(job.Status.Succeeded))}
+		},
+	},
+	{Group: "certificates.k8s.io", Resource: "certificatesigningrequests"}: {
+		labels: accept("metadata.name", "spec.signerName"),
+		set: func(obj runtime.Object) fields.Set {
+			switch csr := obj.(type) {
+			case *certificatesv1.CertificateSigningRequest:
+				return fields.Set{"spec.signerName": csr.Spec.SignerName}
+			case *certificatesv1beta1.CertificateSigningRequest:
+				signer := ""
+				if csr.Spec.SignerName != nil {
+					signer = *csr.Spec.SignerName
+				}
+				return fields.Set{"spec.signerName": signer}
+			}
+			return fields.Set{}
+		},
+	},
+	{Group: "certificates.k8s.io", Resource: "clustertrustbundles"}: {
+		labels: accept("metadata.name", "spec.signerName"),
+		set: func(obj runtime.Object) fields.Set {
+			switch b := obj.(type) {
+			case *certificatesv1beta1.ClusterTrustBundle:
+				return fields.Set{"spec.signerName": b.Spec.SignerName}
+			case *certificatesv1alpha1.ClusterTrustBundle:
+				return fields.Set{"spec.signerName": b.Spec.SignerName}
+			}
+			return fields.Set{}
+		},
+	},
+	{Group: "certificates.k8s.io", Resource: "podcertificaterequests"}: {
+		// Namespaced, yet its conversion accepts no metadata.namespace.
+		labels: accept("metadata.name", "spec.signerName", "spec.podName", "spec.nodeName"),
+		set: func(obj runtime.Object) fields.Set {
+			switch r := obj.(type) {
+			case *certificatesv1beta1.PodCertificateRequest:
+				return fields.Set{"spec.signerName": r.Spec.SignerName, "spec.podName": r.Spec.PodName,
+					"spec.nodeName": string(r.Spec.NodeName)}
+			}
+			return fields.Set{}
+		},
+	},
+	{Group: "resource.k8s.io", Resource: "resourceslices"}: {
+		labels: accept("metadata.name", "spec.nodeName", "spec.driver"),
+		set: func(obj runtime.Object) fields.Set {
+			var node *string
+			var driver string
+			switch s := obj.(type) {
+			case *resourcev1.ResourceSlice:
+				node, driver = s.Spec.NodeName, s.Spec.Driver
+			case *resourcev1beta2.ResourceSlice:
+				node, driver = s.Spec.NodeName, s.Spec.Driver
+			case *resourcev1beta1.ResourceSlice:
+				driver = s.Spec.Driver
+				return fields.Set{"spec.nodeName": s.Spec.NodeName, "spec.driver": driver}
+			default:
+				return fields.Set{}
+			}
+			nodeName := ""
+			if node != nil {
+				nodeName = *node
+			}
+			return fields.Set{"spec.nodeName": nodeName, "spec.driver": driver}
+		},
+	},
+}
+
+// withAliases adds old label names (pairs of alias, field) to m.
+func withAliases(m map[string]string, pairs ...string) map[string]string {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		m[pairs[i]] = pairs[i+1]
+	}
+	return m
+}
+
+// eventFields is the event registry's field set, shared by core/v1 and
+// events.k8s.io/v1 events (which name the involved object "regarding").
+func eventFields(ref corev1.ObjectReference, reason, reportingController, typ string) fields.Set {
+	return fields.Set{
+		"involvedObject.kind":            ref.Kind,
+		"involvedObject.namespace":       ref.Namespace,
+		"involvedObject.name":            ref.Name,
+		"involvedObject.uid":             string(ref.UID),
+		"involvedObject.apiVersion":      ref.APIVersion,
+		"involvedObject.resourceVersion": ref.ResourceVersion,
+		"involvedObject.fieldPath":       ref.FieldPath,
+		"reason":                         reason,
+		"reportingComponent":             reportingController,
+		"type":                           typ,
+	}
 }
 
 // fieldLabelsFor returns the field labels of gr. Built-in resources not
-// listed above support the metadata fields only, with the apimachinery
-// default's error text; custom resources support metadata.name (and
-// metadata.namespace when namespaced) with the apiextensions text.
+// listed above accept the metadata fields only; custom resources accept
+// metadata.name (and metadata.namespace when namespaced), to which
+// crdFieldLabels adds their selectable fields.
 func fieldLabelsFor(gr schema.GroupResource, builtin, namespaced bool) fieldLabels {
 	if fl, ok := builtinFieldLabels[gr]; ok {
 		return fl
 	}
 	if builtin {
-		return fieldLabels{convert: runtime.DefaultMetaV1FieldSelectorConversion}
+		return fieldLabels{labels: metadataLabels}
 	}
 	if namespaced {
-		return fieldLabels{convert: oneOf("metadata.name", "metadata.namespace")}
+		return fieldLabels{labels: accept("metadata.name", "metadata.namespace")}
 	}
-	return fieldLabels{convert: oneOf("metadata.name")}
+	return fieldLabels{labels: accept("metadata.name")}
+}
+
+// BuiltinFieldLabels returns the field labels the cache answers for a
+// built-in resource, for tests that compare them with kube-apiserver.
+func BuiltinFieldLabels(gr schema.GroupResource) []string {
+	fl := fieldLabelsFor(gr, true, true)
+	out := make([]string, 0, len(fl.labels))
+	for l := range fl.labels {
+		out = append(out, l)
+	}
+	return out
 }
 
 // attrsFor returns the AttrsFunc of a resource: labels, the metadata

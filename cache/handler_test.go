@@ -226,26 +226,33 @@ func TestHandlerGet(t *testing.T) {
 	}
 }
 
-// TestHandlerErrors: bad selectors get kube-apiserver's 400 after
-// authorization; a denied caller gets the reviewer's 403; a caller the
-// reviewer cannot vouch for is forwarded.
+// TestHandlerErrors: unparsable selectors get kube-apiserver's 400 after
+// authorization; field labels the cache does not know are forwarded, never
+// refused; a denied caller gets the reviewer's 403; a caller the reviewer
+// cannot vouch for is forwarded.
 func TestHandlerErrors(t *testing.T) {
 	tc := newHandlerCache(t)
 	for path, msg := range map[string]string{
-		"/api/v1/namespaces/ns/services?fieldSelector=spec.bogus%3D1":      "field label not supported: spec.bogus",
-		"/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a,spec.bogus%3D1": "field label not supported: spec.bogus",
-		"/api/v1/namespaces/ns/services?labelSelector=a+in+(b":             "unable to parse requirement",
-		"/api/v1/namespaces/ns/services?fieldSelector=nonsense":            "invalid selector",
+		"/api/v1/namespaces/ns/services?labelSelector=a+in+(b":  "unable to parse requirement",
+		"/api/v1/namespaces/ns/services?fieldSelector=nonsense": "invalid selector",
 	} {
 		got := tc.get(t, path)
 		if st := decodeStatus(t, got.body); got.code != 400 || st.Reason != metav1.StatusReasonBadRequest || !strings.Contains(st.Message, msg) {
 			t.Errorf("%s: %d %s, want 400 containing %q", path, got.code, got.body, msg)
 		}
 	}
+	for _, path := range []string{
+		"/api/v1/namespaces/ns/services?fieldSelector=spec.bogus%3D1",
+		"/api/v1/pods?fieldSelector=spec.nodeName%3Dnode-a,spec.bogus%3D1",
+	} {
+		if got := tc.get(t, path); !got.forwarded() {
+			t.Errorf("%s: %d %s, want forwarded", path, got.code, got.body)
+		}
+	}
 
 	tc.reviewer.result = access.Result{Verdict: access.Denied,
 		Err: apierrors.NewForbidden(schema.GroupResource{Resource: "services"}, "", nil)}
-	got := tc.get(t, "/api/v1/namespaces/ns/services?fieldSelector=spec.bogus%3D1")
+	got := tc.get(t, "/api/v1/namespaces/ns/services?fieldSelector=nonsense")
 	if got.code != 403 {
 		t.Errorf("denied caller with a bad selector: %d %s, want 403 first", got.code, got.body)
 	}

@@ -1,0 +1,82 @@
+package cache
+
+import (
+	"testing"
+
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	resourcev1 "k8s.io/api/resource/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// TestFieldLabels: each selector is converted and matched as kube-apiserver
+// converts and matches it, and a label the cache does not know is reported
+// as unknown (so the request is forwarded) instead of refused.
+func TestFieldLabels(t *testing.T) {
+	om := metav1.ObjectMeta{Namespace: "ns", Name: "o"}
+	coreEvent := &corev1.Event{ObjectMeta: om, Reason: "Pulled", Type: "Normal", ReportingController: "kubelet",
+		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Name: "p", UID: "u1"}}
+	newEvent := &eventsv1.Event{ObjectMeta: om, Reason: "Pulled", Type: "Warning", ReportingController: "ctrl",
+		Regarding: corev1.ObjectReference{Kind: "Pod", Name: "p", FieldPath: "spec.containers{c}"}}
+	for _, tc := range []struct {
+		gr         schema.GroupResource
+		namespaced bool
+		obj        runtime.Object
+		selector   string
+		// unknown: the cache forwards; otherwise match is the answer.
+		unknown, match bool
+	}{
+		// source is the component, or the reporting controller without one.
+		{schema.GroupResource{Resource: "events"}, true, coreEvent, "source=kubelet", false, true},
+		{schema.GroupResource{Resource: "events"}, true, coreEvent, "reportingComponent=kubelet,reason=Pulled,type=Normal", false, true},
+		{schema.GroupResource{Resource: "events"}, true, coreEvent, "involvedObject.uid=u1,involvedObject.fieldPath=", false, true},
+		{schema.GroupResource{Resource: "events"}, true, coreEvent, "involvedObject.name!=p", false, false},
+		{schema.GroupResource{Resource: "events"}, true, coreEvent, "regarding.name=p", true, false},
+		// events.k8s.io names the same fields its own way, and has no source.
+		{schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, true, newEvent, "regarding.fieldPath=spec.containers{c},reportingController=ctrl", false, true},
+		{schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, true, newEvent, "type=Normal", false, false},
+		{schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, true, newEvent, "involvedObject.name=p", true, false},
+		{schema.GroupResource{Group: "events.k8s.io", Resource: "events"}, true, newEvent, "source=ctrl", true, false},
+		{schema.GroupResource{Resource: "secrets"}, true, &corev1.Secret{ObjectMeta: om, Type: corev1.SecretTypeTLS}, "type=kubernetes.io/tls", false, true},
+		{schema.GroupResource{Resource: "namespaces"}, false, &corev1.Namespace{ObjectMeta: om, Status: corev1.NamespaceStatus{Phase: corev1.NamespaceActive}}, "status.phase=Active", false, true},
+		// The registry's field set has "name"; the conversion refuses it.
+		{schema.GroupResource{Resource: "namespaces"}, false, &corev1.Namespace{ObjectMeta: om}, "name=o", true, false},
+		{schema.GroupResource{Resource: "namespaces"}, false, &corev1.Namespace{ObjectMeta: om}, "metadata.namespace=", true, false},
+		{schema.GroupResource{Resource: "pods"}, true, &corev1.Pod{ObjectMeta: om, Spec: corev1.PodSpec{NodeName: "n1"}}, "spec.host=n1", false, true},
+		// Accepted, but absent from the registry's set: matches as "".
+		{schema.GroupResource{Resource: "pods"}, true, &corev1.Pod{ObjectMeta: om, Status: corev1.PodStatus{PodIPs: []corev1.PodIP{{IP: "10.0.0.1"}}}}, "status.podIPs=", false, true},
+		{schema.GroupResource{Group: "batch", Resource: "jobs"}, true, &batchv1.Job{ObjectMeta: om, Status: batchv1.JobStatus{Succeeded: 3}}, "status.successful=3", false, true},
+		// apps/v1 has no conversion function: metadata only.
+		{schema.GroupResource{Group: "apps", Resource: "replicasets"}, true, nil, "status.replicas=1", true, false},
+		// A cluster-scoped kind without a conversion function accepts
+		// metadata.namespace, which is empty on its objects.
+		{schema.GroupResource{Group: "storage.k8s.io", Resource: "storageclasses"}, false, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "o"}}, "metadata.namespace=", false, true},
+		{schema.GroupResource{Resource: "nodes"}, false, &corev1.Node{ObjectMeta: om, Spec: corev1.NodeSpec{Unschedulable: true}}, "spec.unschedulable=true", false, true},
+		{schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceslices"}, false, &resourcev1.ResourceSlice{ObjectMeta: om, Spec: resourcev1.ResourceSliceSpec{Driver: "d"}}, "spec.nodeName=,spec.driver=d", false, true},
+	} {
+		fl := fieldLabelsFor(tc.gr, true, tc.namespaced)
+		sel, err := fields.ParseSelector(tc.selector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		converted, err := sel.Transform(fl.convert)
+		if _, unknown := err.(errUnknownFieldLabel); unknown != tc.unknown || (err != nil && !unknown) {
+			t.Errorf("%s %q: conversion error %v, want unknown=%v", tc.gr, tc.selector, err, tc.unknown)
+			continue
+		}
+		if tc.unknown {
+			continue
+		}
+		_, set, err := attrsFor(fl, tc.namespaced)(tc.obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := converted.Matches(set); got != tc.match {
+			t.Errorf("%s %q: matches %v, want %v (fields %v)", tc.gr, tc.selector, got, tc.match, set)
+		}
+	}
+}
