@@ -79,6 +79,9 @@ type Agent struct {
 	// Lock order: syncMu before planeMu.
 	planeMu sync.Mutex
 
+	// clientCerts hands client-certificate callers to kube-apiserver.
+	clientCerts *clientCertificates
+
 	mu sync.Mutex // protects the fields below
 	// notIntercepting is why the agent is not intercepting; nil while it
 	// is.
@@ -163,7 +166,12 @@ func (a *Agent) buildHandler() http.Handler {
 	// bounds if it is long-running, and gets a deadline for its body if
 	// it is not.
 	forward = a.limitLongRunning(withBodyDeadline(forward, lim.withDefaults().RequestBodyTimeout))
-	return a.audit.WithReceivedTimestamp(withRequestInfo(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// Callers with a TLS client certificate are handed to kube-apiserver
+	// before anything else sees their requests (clientcert.go).
+	if a.clientCerts == nil {
+		a.clientCerts = newClientCertificates(a)
+	}
+	return a.clientCerts.wrap(a.audit.WithReceivedTimestamp(withRequestInfo(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if info, ok := request.RequestInfoFrom(r.Context()); ok && info.Verb == "watch" {
 			ctx, cancel := context.WithCancel(r.Context())
 			defer cancel()
@@ -172,7 +180,7 @@ func (a *Agent) buildHandler() http.Handler {
 			r = r.WithContext(ctx)
 		}
 		forward.ServeHTTP(w, r)
-	})))
+	}))))
 }
 
 // Intercepting returns nil while the agent intercepts the Service VIP,

@@ -56,6 +56,9 @@ func newServer(handler http.Handler, cert certSource, limits Limits) *http.Serve
 			MinVersion:     tls.VersionTLS12,
 			NextProtos:     []string{"h2", "http/1.1"},
 			GetCertificate: cert.GetCertificate,
+			// Asked for, not verified: a caller that presents one is handed
+			// to kube-apiserver, which authenticates it (clientcert.go).
+			ClientAuth: tls.RequestClientCert,
 		},
 		ReadHeaderTimeout: limits.ReadHeaderTimeout,
 		IdleTimeout:       limits.IdleTimeout,
