@@ -37,9 +37,11 @@ type dataplane struct {
 	// podsSet holds this node's pod IPs of the family in PodIPs
 	// detect-local mode; nil otherwise.
 	podsSet *netrules.AddressSet
-	// skip holds the sources whose traffic to the agent is dropped on its
-	// way, and seen the connection attempts redirected (podpath.go); nil
-	// when that check is off.
+	// skip holds the sources sent back to kube-proxy's path: those whose
+	// traffic to the agent is dropped on its way (podpath.go) and those
+	// that presented a client certificate (clientcert.go); seen holds the
+	// connection attempts redirected. Both are nil when the pod-path check
+	// is off.
 	skip *netrules.LivenessSet
 	seen *netrules.AttemptSet
 	// chain syncs the redirect whose PREROUTING jump carries local, the

@@ -98,7 +98,7 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	fs.StringSliceVar(&o.clusterCIDRs, "cluster-cidr", nil, "Pod CIDR of the cluster, one per IP family, for --detect-local-mode=ClusterCIDR.")
 	fs.StringVar(&c.PodBridgeInterface, "pod-bridge-interface", "", "Bridge the node's pods are attached to, for --detect-local-mode=BridgeInterface.")
 	fs.DurationVar(&c.PodPathCheckInterval, "pod-path-check-interval", agent.DefaultPodPathCheckInterval, "How often the node's conntrack flows to the Service VIPs are checked for pod connections that were redirected to the agent and dropped on the way (a NetworkPolicy or host firewall), whose sources then go to kube-proxy's path, or that bypassed the agent; 0 turns the check off.")
-	fs.DurationVar(&c.BypassDuration, "bypass-duration", agent.DefaultBypassDuration, "How long a source whose traffic to the agent was dropped goes to kube-proxy's path.")
+	fs.DurationVar(&c.BypassDuration, "bypass-duration", agent.DefaultBypassDuration, "How long a source whose traffic to the agent was dropped, or that presented a TLS client certificate, goes to kube-proxy's path.")
 	fs.StringVar(&c.PodInterfaceNamePrefix, "pod-interface-name-prefix", "", "Prefix of the node's pod interfaces (cali, lxc, veth), for --detect-local-mode=InterfaceNamePrefix.")
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", agent.DefaultMetricsBindAddress, "IP:port serving /metrics, /healthz and /readyz; empty disables.")
 	fs.BoolVar(&c.Profiling, "profiling", false, "Serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-bind-address.")
