@@ -35,8 +35,13 @@ type Agent struct {
 	// with its own listen address.
 	planes  []*dataplane
 	backend string
-	probes  *probes
-	handler http.Handler
+	// dataplane is the backend the redirect runs in, and why; others are
+	// the same redirects in the other backend, removed if found.
+	dataplane, dataplaneReason string
+	others                     []*dataplane
+	othersCheckAt              time.Time
+	probes                     *probes
+	handler                    http.Handler
 	// cache answers covered reads; nil when no resource is cached.
 	cache *apicache.Cache
 	// audit records the requests the cache answers; off unless configured.
@@ -119,7 +124,7 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 	if a.audit, err = audit.New(cfg.Audit, longRunning); err != nil {
 		return nil, err
 	}
-	if a.planes, err = newDataplanes(cfg, k); err != nil {
+	if err := a.buildDataplanes(k); err != nil {
 		return nil, err
 	}
 	if a.cert, err = a.newCertSource(); err != nil {
@@ -339,7 +344,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		go func() { serveErr <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
 	}
 	if ml != nil {
-		msrv := &http.Server{Handler: a.metrics.handler(a.Healthy, a.Ready, a.Intercepting, a.interceptionNote, a.cfg.Profiling), ReadHeaderTimeout: 10 * time.Second}
+		msrv := &http.Server{Handler: a.metrics.handler(a.Healthy, a.Ready, a.Intercepting, a.interceptionNote, a.dataplane+" ("+a.dataplaneReason+")", a.cfg.Profiling), ReadHeaderTimeout: 10 * time.Second}
 		go func() { serveErr <- msrv.Serve(ml) }()
 		defer msrv.Close()
 	}
@@ -402,7 +407,7 @@ func (a *Agent) syncOrStepAside(ctx context.Context) {
 		a.syncMu.Lock()
 		a.clearEntriesLocked(logger)
 		for _, d := range a.planes {
-			if err := d.chain.Remove(); err != nil {
+			if err := d.rules.removeRules(); err != nil {
 				logger.Error(err, "Removing redirect rules")
 			}
 		}
@@ -434,7 +439,8 @@ func (a *Agent) syncAndReport(ctx context.Context) error {
 	case notReady == nil && !wasReady:
 		logger.Info("Intercepting the kubernetes Service", "vips", a.cfg.ServiceVIPs, "port", a.cfg.ServicePort,
 			"listen", a.cfg.ListenAddresses(), "link", a.planes[0].addr.Link(), "upstream", a.up.pick().Host,
-			"iptablesBackend", a.backend, "livenessTimeout", a.cfg.LivenessTimeout)
+			"dataplane", a.dataplane, "dataplaneReason", a.dataplaneReason, "iptablesBackend", a.backend,
+			"livenessTimeout", a.cfg.LivenessTimeout)
 	case notReady != nil && wasReady:
 		logger.Error(notReady, "Not intercepting; the kubernetes Service goes to kube-proxy's path")
 	case notReady != nil && notReady.Error() != was.Error():
@@ -492,6 +498,7 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 		return fmt.Errorf("unhealthy: %w", err), nil
 	}
 	a.syncSawUnhealthy.Store(false)
+	a.removeOthers(logger)
 	if a.selfCheckErr != nil && a.now().Before(a.retryAt) {
 		// The redirect did not take effect last time: stay out until the
 		// retry is due, rather than redirect in vain on every sync.
@@ -516,7 +523,7 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 			down = append(down, err)
 			continue
 		}
-		d.setLocal(a.cfg, match)
+		d.setLocal(match)
 		setCreated, res, err := d.sync()
 		if err != nil {
 			return nil, err
@@ -555,7 +562,7 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 				a.interception.selfChecks.WithLabelValues("failed").Inc()
 				a.clearEntriesLocked(logger)
 				for _, d := range a.planes {
-					if rerr := d.chain.Remove(); rerr != nil {
+					if rerr := d.rules.removeRules(); rerr != nil {
 						return nil, errors.Join(err, rerr)
 					}
 				}
@@ -637,7 +644,7 @@ func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 		return
 	}
 	for _, d := range a.planes {
-		if present, err := d.chain.Present(); err != nil || present {
+		if present, err := d.rules.present(); err != nil || present {
 			logger.Info("A successor's redirect is in place; leaving the listen addresses to it")
 			return
 		}
@@ -664,6 +671,14 @@ func (a *Agent) removeStale() {
 		if err := d.remove(); err != nil {
 			logger.Error(err, "Removing stale redirect rules")
 			return // keep the addresses the remaining jumps point to
+		}
+	}
+	for _, d := range a.others {
+		if present, err := d.rules.present(); err == nil && present {
+			if err := d.remove(); err != nil {
+				logger.Error(err, "Removing the other dataplane's stale redirect", "dataplane", otherDataplane(a.dataplane))
+				return
+			}
 		}
 	}
 	for _, d := range a.planes {

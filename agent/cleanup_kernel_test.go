@@ -47,7 +47,7 @@ func TestCleanupKernel(t *testing.T) {
 		before := save("iptables-nft-save")
 
 		// Given the state of an agent killed while intercepting,
-		planes, err := newDataplanes(cfg, Kernel{
+		planes, err := newDataplanes(cfg, DataplaneIPTables, Kernel{
 			IPTables: func(f netrules.Family) (netrules.IPTables, error) {
 				return netrules.OpenIPTables(netrules.BackendNFT, f)
 			},
@@ -60,7 +60,7 @@ func TestCleanupKernel(t *testing.T) {
 			_, _, err = d.sync()
 			mustDo(t, err)
 			// The attempts set is bounded.
-			if res, err := h.IpsetList(d.seen.Name()); err != nil || res.MaxElements != netrules.MaxAttempts {
+			if res, err := h.IpsetList(d.rules.(*iptablesRules).seen.Name()); err != nil || res.MaxElements != netrules.MaxAttempts {
 				t.Errorf("%s: attempts set %+v, %v; want at most %d entries", familyName(d.family), res, err, netrules.MaxAttempts)
 			}
 			// The kernel prints the jump with its detect-local match as

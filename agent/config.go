@@ -91,6 +91,13 @@ type Config struct {
 
 	// Chain is the nat chain the agent owns.
 	Chain string
+	// Dataplane is "auto", "iptables" or "nftables": which backend holds
+	// the redirect (resolveDataplane). NFTablesTable and NFTablesPriority
+	// name the nftables dataplane's table and its base chains' priority
+	// (zero values: the defaults).
+	Dataplane        string
+	NFTablesTable    string
+	NFTablesPriority int32
 	// IPTablesBackend is "auto", "legacy" or "nft": which iptables the
 	// rules are written with. auto follows kube-proxy.
 	IPTablesBackend string
@@ -273,6 +280,12 @@ func (c *Config) Validate() error {
 		return errors.New("--liveness-set must be 1-30 characters without spaces or quotes")
 	case c.LivenessTimeout < time.Second || c.LivenessTimeout > time.Hour:
 		return errors.New("--liveness-timeout must be between 1s and 1h: the kernel counts whole seconds")
+	case c.Dataplane != "" && c.Dataplane != DataplaneAuto && c.Dataplane != DataplaneIPTables && c.Dataplane != DataplaneNFTables:
+		return fmt.Errorf("--dataplane %q must be auto, iptables or nftables", c.Dataplane)
+	case c.NFTablesPriority != 0 && (c.NFTablesPriority < -199 || c.NFTablesPriority > netrules.NFTPriorityDstNAT):
+		return fmt.Errorf("--nftables-priority %d must be in [-199, -100]: after conntrack (-200), and no later than dstnat (-100), where kube-proxy's nat chains run", c.NFTablesPriority)
+	case c.NFTablesTable != "" && !validNFTName(c.NFTablesTable):
+		return fmt.Errorf("--nftables-table %q must be 1-64 letters, digits, '-' or '_', starting with a letter", c.NFTablesTable)
 	case c.IPTablesBackend != "auto" && c.IPTablesBackend != "legacy" && c.IPTablesBackend != "nft":
 		return fmt.Errorf("--iptables-backend %q must be auto, legacy or nft", c.IPTablesBackend)
 	case c.UpstreamHealthPeriod <= 0:
@@ -394,4 +407,34 @@ func (c *Config) ListenIPs() []netip.Addr {
 		out = append(out, ap.Addr())
 	}
 	return out
+}
+
+// nftTable is the nftables dataplane's table name.
+func (c *Config) nftTable() string {
+	if c.NFTablesTable == "" {
+		return DefaultNFTablesTable
+	}
+	return c.NFTablesTable
+}
+
+// nftPriority is the priority of the nftables dataplane's base chains.
+func (c *Config) nftPriority() int32 {
+	if c.NFTablesPriority == 0 {
+		return DefaultNFTablesPriority
+	}
+	return c.NFTablesPriority
+}
+
+// validNFTName reports whether s is a table name nft accepts unquoted.
+func validNFTName(s string) bool {
+	if s == "" || len(s) > 64 {
+		return false
+	}
+	for i, r := range s {
+		letter := (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z')
+		if !letter && (i == 0 || !(r >= '0' && r <= '9' || r == '-' || r == '_')) {
+			return false
+		}
+	}
+	return true
 }

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/netrules"
 )
@@ -18,6 +21,9 @@ type Kernel struct {
 	Backend string
 	Netlink netrules.Netlink
 	IPSet   netrules.IPSet
+	// NFTables drives the agent's nftables tables; nil where nftables is
+	// not available (the iptables dataplane only).
+	NFTables netrules.NFTables
 	// Conntrack lists the node's flows to the VIPs for the pod-path check
 	// (podpath.go); nil turns that check off.
 	Conntrack netrules.Conntrack
@@ -25,30 +31,27 @@ type Kernel struct {
 
 // dataplane is the agent's redirect for one IP family: the family's listen
 // address on the node, a liveness set holding the family's VIPs while the
-// agent is healthy, and a nat chain (iptables or ip6tables) whose DNAT to
-// the listen address matches that set.
+// agent is healthy, and rules (an iptables chain, or a table of its own in
+// nftables) whose DNAT to the listen address matches that set.
 type dataplane struct {
 	family netrules.Family
 	vips   []netip.Addr
 	listen netip.AddrPort
 	addr   *netrules.LocalAddress
-	set    *netrules.LivenessSet
-	ipt    netrules.IPTables
+	// rules are the redirect's rules and sets in the dataplane backend
+	// that runs; set and the optional sets below live there.
+	rules redirectRules
+	set   timedSet
 	// podsSet holds this node's pod IPs of the family in PodIPs
 	// detect-local mode; nil otherwise.
-	podsSet *netrules.AddressSet
+	podsSet addressSet
 	// skip holds the sources sent back to kube-proxy's path: those whose
 	// traffic to the agent is dropped on its way (podpath.go) and those
 	// that presented a client certificate (clientcert.go); seen holds the
 	// connection attempts redirected. Both are nil when the pod-path check
 	// is off.
-	skip *netrules.LivenessSet
-	seen *netrules.AttemptSet
-	// chain syncs the redirect whose PREROUTING jump carries local, the
-	// detect-local match; both change together (setLocal). Guarded by
-	// Agent.syncMu once the agent runs.
-	chain *netrules.ChainSyncer
-	local []string
+	skip timedSet
+	seen attemptSet
 
 	// active is set while the family's redirect is installed and passed
 	// its self-check, so that its liveness entries are kept alive. Guarded
@@ -56,8 +59,94 @@ type dataplane struct {
 	active bool
 }
 
-// newDataplanes returns one dataplane per IP family among cfg's VIPs.
-func newDataplanes(cfg *Config, k Kernel) ([]*dataplane, error) {
+// timedSet is a set of addresses whose entries expire: the liveness and
+// skip sets.
+type timedSet interface {
+	Refresh([]netip.Addr) error
+	Clear([]netip.Addr) error
+	Entries() ([]netip.Addr, error)
+}
+
+// addressSet is a set of addresses kept equal to a list (this node's pods).
+type addressSet interface {
+	Sync([]netip.Addr) (added, removed int, err error)
+	Entries() ([]netip.Addr, error)
+}
+
+// attemptSet is the set of redirected connection attempts.
+type attemptSet interface {
+	Entries() ([]netip.AddrPort, error)
+	Forget(netip.AddrPort) error
+}
+
+// redirectRules are one family's redirect in one dataplane backend.
+type redirectRules interface {
+	// setLocal makes the prerouting entry carry m (detect-local); it
+	// reports whether that changed what the next sync writes.
+	setLocal(m localMatch) bool
+	// sync makes the sets and rules exist as they should; it does not
+	// touch the sets' entries.
+	sync() (setCreated bool, res netrules.SyncResult, err error)
+	// removeRules removes the rules, so that nothing is redirected, and
+	// keeps the sets and their entries.
+	removeRules() error
+	// present reports whether rules that may redirect are in place.
+	present() (bool, error)
+	// remove removes the rules, then the sets; a set that someone else's
+	// rule still uses (a successor that already took over) stays.
+	remove() error
+}
+
+// Dataplane backends.
+const (
+	DataplaneAuto     = "auto"
+	DataplaneIPTables = "iptables"
+	DataplaneNFTables = "nftables"
+)
+
+// kubeProxyNFTTable is the table kube-proxy's nftables mode owns, in the
+// ip and ip6 families.
+const kubeProxyNFTTable = "kube-proxy"
+
+// resolveDataplane picks the backend: the one asked for, or for auto,
+// nftables where kube-proxy runs in nftables mode or iptables itself is
+// the nf_tables backend (the redirect then runs at its own priority, ahead
+// of every dstnat chain, instead of tying with them at dstnat), and
+// iptables on legacy-iptables nodes. It returns a reason for logs.
+func resolveDataplane(want string, k Kernel) (string, string, error) {
+	switch want {
+	case DataplaneIPTables:
+		return DataplaneIPTables, "--dataplane=iptables", nil
+	case DataplaneNFTables:
+		if k.NFTables == nil {
+			return "", "", errors.New("--dataplane=nftables: nftables is not available on this node")
+		}
+		return DataplaneNFTables, "--dataplane=nftables", nil
+	case DataplaneAuto, "":
+	default:
+		return "", "", fmt.Errorf("--dataplane %q must be auto, iptables or nftables", want)
+	}
+	if k.NFTables == nil {
+		return DataplaneIPTables, "auto: nftables is not available", nil
+	}
+	for _, f := range []netrules.Family{netrules.IPv4, netrules.IPv6} {
+		tables, err := k.NFTables.Tables(f)
+		if err != nil {
+			return DataplaneIPTables, fmt.Sprintf("auto: listing nftables tables failed (%v)", err), nil
+		}
+		if slices.Contains(tables, kubeProxyNFTTable) {
+			return DataplaneNFTables, fmt.Sprintf("auto: kube-proxy's nftables table %s %s exists", f, kubeProxyNFTTable), nil
+		}
+	}
+	if k.Backend == string(netrules.BackendNFT) {
+		return DataplaneNFTables, "auto: iptables uses the nf_tables backend", nil
+	}
+	return DataplaneIPTables, fmt.Sprintf("auto: iptables uses the %s backend", k.Backend), nil
+}
+
+// newDataplanes returns one dataplane per IP family among cfg's VIPs, in
+// the backend named (DataplaneIPTables or DataplaneNFTables).
+func newDataplanes(cfg *Config, backend string, k Kernel) ([]*dataplane, error) {
 	byFamily := map[netrules.Family][]netip.Addr{}
 	for _, vip := range cfg.ServiceVIPs {
 		f := netrules.FamilyOf(vip)
@@ -69,11 +158,6 @@ func newDataplanes(cfg *Config, k Kernel) ([]*dataplane, error) {
 		if len(vips) == 0 {
 			continue
 		}
-		ipt, err := k.IPTables(f)
-		if err != nil {
-			return nil, fmt.Errorf("iptables for %s: %w", f, err)
-		}
-		set := livenessSetName(cfg, f)
 		listen := cfg.listenAddress(f)
 		if !listen.IsValid() || netrules.FamilyOf(listen.Addr()) != f {
 			return nil, fmt.Errorf("no %s listen address for the %s Service VIPs", familyName(f), familyName(f))
@@ -84,62 +168,33 @@ func newDataplanes(cfg *Config, k Kernel) ([]*dataplane, error) {
 			listen: listen,
 			// Both families share the link; each keeps its own address.
 			addr: netrules.NewLocalAddress(k.Netlink, cfg.ListenLink, listen.Addr()),
-			set:  netrules.NewLivenessSet(k.IPSet, set, f, cfg.LivenessTimeout),
-			ipt:  ipt,
 		}
-		if cfg.DetectLocalMode == DetectLocalPodIPs {
-			d.podsSet = netrules.NewAddressSet(k.IPSet, localPodsSetName(cfg, f), f)
+		var err error
+		switch backend {
+		case DataplaneNFTables:
+			d.rules = newNFTRules(cfg, k, d)
+		default:
+			d.rules, err = newIPTablesRules(cfg, k, d)
 		}
-		if cfg.PodPathCheckInterval > 0 && k.Conntrack != nil {
-			d.skip = netrules.NewLivenessSet(k.IPSet, skipSetName(cfg, f), f, cfg.BypassDuration)
-			d.seen = netrules.NewAttemptSet(k.IPSet, seenSetName(cfg, f), f, attemptTTL)
+		if err != nil {
+			return nil, err
 		}
 		// The detect-local match may not be known yet (NodeCIDR): sync
-		// sets it before the chain is first written.
-		d.setLocal(cfg, nil)
+		// sets it before the rules are first written.
+		d.setLocal(localMatch{})
 		out = append(out, d)
 	}
 	return out, nil
 }
 
-// setLocal makes the redirect's PREROUTING jump carry match; it reports
-// whether that changed the chain the next sync writes.
-func (d *dataplane) setLocal(cfg *Config, match []string) bool {
-	if d.chain != nil && slices.Equal(d.local, match) {
-		return false
-	}
-	d.local = slices.Clone(match)
-	skip, seen := "", ""
-	if d.skip != nil {
-		skip, seen = d.skip.Name(), d.seen.Name()
-	}
-	d.chain = netrules.NewChainSyncer(d.ipt, redirectChain(cfg, d.set.Name(), d.vips, d.listen, d.local, skip, seen))
-	return true
-}
+// setLocal makes the redirect's prerouting entry carry m; it reports
+// whether that changed what the next sync writes.
+func (d *dataplane) setLocal(m localMatch) bool { return d.rules.setLocal(m) }
 
-// sync makes the set and chain exist as they should. The set comes first:
-// the kernel refuses a rule matching a set that does not exist. It does not
-// touch the set's entries.
+// sync makes the sets and rules exist as they should. It does not touch
+// the sets' entries.
 func (d *dataplane) sync() (setCreated bool, res netrules.SyncResult, err error) {
-	if setCreated, err = d.set.Ensure(); err != nil {
-		return false, res, err
-	}
-	var ensure []func() (bool, error)
-	if d.podsSet != nil {
-		ensure = append(ensure, d.podsSet.Ensure)
-	}
-	if d.skip != nil {
-		ensure = append(ensure, d.skip.Ensure, d.seen.Ensure)
-	}
-	for _, e := range ensure {
-		created, err := e()
-		if err != nil {
-			return false, res, err
-		}
-		setCreated = setCreated || created
-	}
-	res, err = d.chain.Sync()
-	return setCreated, res, err
+	return d.rules.sync()
 }
 
 // syncLocalPods makes the pods set hold ips, this node's pod IPs (of any
@@ -162,28 +217,71 @@ func (d *dataplane) clear() error {
 	return d.set.Clear(d.vips)
 }
 
-// remove deletes the entries, the jumps and chain, then the set. A set that
-// someone else's rule still uses (a successor that already took over) is
-// left alone.
+// remove deletes the entries, then the rules and sets.
 func (d *dataplane) remove() error {
 	errClear := d.clear()
-	if err := d.chain.Remove(); err != nil {
+	if err := d.rules.remove(); err != nil {
 		return errors.Join(errClear, err)
 	}
-	if err := d.set.Destroy(); err != nil && !netrules.IsSetInUse(err) {
-		return errors.Join(errClear, err)
+	return errClear
+}
+
+// buildDataplanes picks the dataplane backend and builds the redirects in
+// it, and in the other backend the same redirects as an agent that ran
+// with that one (an upgrade, a changed --dataplane) left them, to be
+// removed: never two redirects.
+func (a *Agent) buildDataplanes(k Kernel) error {
+	var err error
+	if a.dataplane, a.dataplaneReason, err = resolveDataplane(a.cfg.Dataplane, k); err != nil {
+		return err
 	}
-	if d.podsSet != nil {
-		if err := d.podsSet.Destroy(); err != nil && !netrules.IsSetInUse(err) {
-			return errors.Join(errClear, err)
-		}
+	if a.planes, err = newDataplanes(a.cfg, a.dataplane, k); err != nil {
+		return err
 	}
-	if d.skip != nil {
-		for _, destroy := range []func() error{d.skip.Destroy, d.seen.Destroy} {
-			if err := destroy(); err != nil && !netrules.IsSetInUse(err) {
-				return errors.Join(errClear, err)
-			}
+	if other := otherDataplane(a.dataplane); other == DataplaneIPTables || k.NFTables != nil {
+		if a.others, err = newDataplanes(a.cfg, other, k); err != nil {
+			// Without that backend on the node, it holds nothing.
+			klog.Background().V(2).Info("The other dataplane is not available", "dataplane", other, "err", err)
+			a.others = nil
 		}
 	}
 	return nil
+}
+
+// otherDataplane is the backend that is not b.
+func otherDataplane(b string) string {
+	if b == DataplaneNFTables {
+		return DataplaneIPTables
+	}
+	return DataplaneNFTables
+}
+
+// othersCheckPeriod is how often a sync looks for the other backend's
+// redirect: an agent of the other backend may still be running during an
+// upgrade and put its rules back until it stops.
+const othersCheckPeriod = time.Minute
+
+// removeOthers removes the other backend's redirect, rules and sets, where
+// one is in place, so that two redirects never stay on the node. It looks
+// at most every othersCheckPeriod. a.syncMu must be held.
+func (a *Agent) removeOthers(logger klog.Logger) {
+	if len(a.others) == 0 || a.now().Before(a.othersCheckAt) {
+		return
+	}
+	a.othersCheckAt = a.now().Add(othersCheckPeriod)
+	for _, d := range a.others {
+		present, err := d.rules.present()
+		if err != nil {
+			logger.V(2).Info("Looking for a redirect of the other dataplane", "dataplane", otherDataplane(a.dataplane), "err", err)
+			continue
+		}
+		if !present {
+			continue
+		}
+		logger.Info("Removing the redirect of the other dataplane", "dataplane", otherDataplane(a.dataplane), "family", d.family.String())
+		_ = d.set.Clear(d.vips)
+		if err := d.rules.remove(); err != nil {
+			logger.Error(err, "Removing the redirect of the other dataplane", "dataplane", otherDataplane(a.dataplane))
+		}
+	}
 }

@@ -20,6 +20,7 @@ type fakeKernel struct {
 	ipset     *fake.IPSet
 	nl        *fake.Netlink
 	ct        *fake.Conntrack
+	nft       *fake.NFTables
 }
 
 func newFakeKernel(t *testing.T) *fakeKernel {
@@ -32,6 +33,7 @@ func newFakeKernel(t *testing.T) *fakeKernel {
 		ct:    &fake.Conntrack{},
 	}
 	k.ipset = fake.NewIPSet(k.clock)
+	k.nft = fake.NewNFTables(k.clock)
 	k.ipt.UseSets(k.ipset)
 	k.ip6t.UseSets(k.ipset)
 	for ipt, svc := range map[*fake.IPTables][]string{
@@ -58,6 +60,7 @@ func (k *fakeKernel) kernel() Kernel {
 		Backend:   "fake",
 		Netlink:   k.nl,
 		IPSet:     k.ipset,
+		NFTables:  k.nft,
 		Conntrack: k.ct,
 	}
 }
@@ -85,7 +88,7 @@ func dataplaneConfig() *Config {
 // address.
 func TestRedirectRules(t *testing.T) {
 	k := newFakeKernel(t)
-	planes, err := newDataplanes(dataplaneConfig(), k.kernel())
+	planes, err := newDataplanes(dataplaneConfig(), DataplaneIPTables, k.kernel())
 	mustDo(t, err)
 	if len(planes) != 2 {
 		t.Fatalf("got %d dataplanes, want one per family", len(planes))
@@ -147,7 +150,7 @@ func TestDeadManSwitch(t *testing.T) {
 	k := newFakeKernel(t)
 	cfg := dataplaneConfig()
 	cfg.ServiceVIPs = cfg.ServiceVIPs[:1]
-	planes, err := newDataplanes(cfg, k.kernel())
+	planes, err := newDataplanes(cfg, DataplaneIPTables, k.kernel())
 	mustDo(t, err)
 	d := planes[0]
 	_, _, err = d.sync()
@@ -203,7 +206,7 @@ func TestDataplaneRepairAndRestarts(t *testing.T) {
 	before := k.ipt.Save("nat")
 	var want string
 	for i := range 100 {
-		planes, err := newDataplanes(cfg, k.kernel())
+		planes, err := newDataplanes(cfg, DataplaneIPTables, k.kernel())
 		mustDo(t, err)
 		d := planes[0]
 		_, _, err = d.sync()
@@ -229,7 +232,7 @@ func TestDataplaneRepairAndRestarts(t *testing.T) {
 		case 2: // someone deletes the DNAT rule
 			mustDo(t, k.ipt.Delete("nat", "KUBE-APICACHE", "2"))
 		}
-		res, err := d.chain.Sync()
+		res, err := d.rules.(*iptablesRules).chain.Sync()
 		mustDo(t, err)
 		if !res.Changed() {
 			t.Fatalf("instance %d: sync did not repair the change", i)
@@ -238,7 +241,7 @@ func TestDataplaneRepairAndRestarts(t *testing.T) {
 			t.Fatalf("instance %d: not repaired (-want +got):\n%s", i, diff)
 		}
 	}
-	planes, err := newDataplanes(cfg, k.kernel())
+	planes, err := newDataplanes(cfg, DataplaneIPTables, k.kernel())
 	mustDo(t, err)
 	mustDo(t, planes[0].remove())
 	if diff := cmp.Diff(before, k.ipt.Save("nat")); diff != "" {

@@ -106,38 +106,84 @@ func localPodsSetName(c *Config, f netrules.Family) string {
 	return setNameWithSuffix(c, "-PODS", f)
 }
 
-// localMatch returns the match the PREROUTING jump carries for family f so
-// that only this node's own pod traffic takes it, or an error saying why
-// it cannot be built yet (a Node without podCIDRs in NodeCIDR mode).
-func (a *Agent) localMatch(f netrules.Family) ([]string, error) {
+// localMatch is what the prerouting entry of the redirect matches so that
+// only this node's own pod traffic takes it; the zero value matches every
+// source (None). Each dataplane renders it in its own terms.
+type localMatch struct {
+	// pods: the source is in the pods set (PodIPs).
+	pods bool
+	// cidr: the source is in this prefix (ClusterCIDR, NodeCIDR).
+	cidr netip.Prefix
+	// iface: the packet came in on this interface, or on any whose name
+	// starts with it when prefix is set.
+	iface  string
+	prefix bool
+}
+
+// iptables renders m as iptables match arguments; podsSet names the pods
+// ipset.
+func (m localMatch) iptables(podsSet string) []string {
+	switch {
+	case m.pods:
+		return []string{"-m", "set", "--match-set", podsSet, "src"}
+	case m.cidr.IsValid():
+		return []string{"-s", m.cidr.String()}
+	case m.iface != "" && m.prefix:
+		return []string{"-i", m.iface + "+"}
+	case m.iface != "":
+		return []string{"-i", m.iface}
+	}
+	return nil
+}
+
+// nft renders m as the match fields of an nftables rule; podsSet names
+// the pods set in the agent's table.
+func (m localMatch) nft(podsSet string) netrules.NFTRule {
+	switch {
+	case m.pods:
+		return netrules.NFTRule{SrcSet: podsSet}
+	case m.cidr.IsValid():
+		return netrules.NFTRule{SrcPrefix: m.cidr}
+	case m.iface != "" && m.prefix:
+		return netrules.NFTRule{InIface: m.iface + "*"}
+	case m.iface != "":
+		return netrules.NFTRule{InIface: m.iface}
+	}
+	return netrules.NFTRule{}
+}
+
+// localMatch returns the match the prerouting entry carries for family f
+// so that only this node's own pod traffic takes it, or an error saying
+// why it cannot be built yet (a Node without podCIDRs in NodeCIDR mode).
+func (a *Agent) localMatch(f netrules.Family) (localMatch, error) {
 	c := a.cfg
 	switch c.DetectLocalMode {
 	case DetectLocalPodIPs:
-		return []string{"-m", "set", "--match-set", localPodsSetName(c, f), "src"}, nil
+		return localMatch{pods: true}, nil
 	case DetectLocalClusterCIDR:
 		for _, p := range c.ClusterCIDRs {
 			if netrules.FamilyOf(p.Addr()) == f {
-				return []string{"-s", p.Masked().String()}, nil
+				return localMatch{cidr: p.Masked()}, nil
 			}
 		}
-		return nil, fmt.Errorf("detect-local: no %s --cluster-cidr", familyName(f))
+		return localMatch{}, fmt.Errorf("detect-local: no %s --cluster-cidr", familyName(f))
 	case DetectLocalNodeCIDR:
 		cidrs, err := a.local.nodeCIDRs()
 		if err != nil {
-			return nil, err
+			return localMatch{}, err
 		}
 		for _, p := range cidrs {
 			if netrules.FamilyOf(p.Addr()) == f {
-				return []string{"-s", p.Masked().String()}, nil
+				return localMatch{cidr: p.Masked()}, nil
 			}
 		}
-		return nil, fmt.Errorf("detect-local: Node %s has no %s spec.podCIDRs (choose another --detect-local-mode for this IPAM)", c.NodeName, familyName(f))
+		return localMatch{}, fmt.Errorf("detect-local: Node %s has no %s spec.podCIDRs (choose another --detect-local-mode for this IPAM)", c.NodeName, familyName(f))
 	case DetectLocalBridgeInterface:
-		return []string{"-i", c.PodBridgeInterface}, nil
+		return localMatch{iface: c.PodBridgeInterface}, nil
 	case DetectLocalInterfaceNamePrefix:
-		return []string{"-i", c.PodInterfaceNamePrefix + "+"}, nil
+		return localMatch{iface: c.PodInterfaceNamePrefix, prefix: true}, nil
 	}
-	return nil, nil
+	return localMatch{}, nil
 }
 
 // localPods follows what detect-local needs from the API: the IPs of this

@@ -169,7 +169,7 @@ func TestDualStackKernel(t *testing.T) {
 			Netlink:  n.h,
 			IPSet:    n.h,
 		}
-		planes, err := newDataplanes(cfg, k)
+		planes, err := newDataplanes(cfg, DataplaneIPTables, k)
 		mustDo(t, err)
 		if len(planes) != 2 || planes[1].family != netrules.IPv6 {
 			t.Fatalf("got %d dataplanes, want IPv4 and IPv6", len(planes))
@@ -270,7 +270,7 @@ func TestDualStackKernel(t *testing.T) {
 		}
 		expect("removed", kubeProxy)
 		for _, d := range planes {
-			if present, err := d.chain.Present(); err != nil || present {
+			if present, err := d.rules.present(); err != nil || present {
 				t.Errorf("%s: chain present after removal: %v, %v", d.family, present, err)
 			}
 			if _, err := d.set.Entries(); !netrules.IsSetNotExist(err) {

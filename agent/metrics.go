@@ -168,7 +168,7 @@ func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter 
 // handler serves /metrics, /healthz (healthy), /readyz (ready) and
 // /intercepting (intercepting), each 200 "ok" or 503 with the reason, and
 // with profiling the pprof endpoints.
-func (m *metrics) handler(healthy, ready, intercepting func() error, note func() string, profiling bool) http.Handler {
+func (m *metrics) handler(healthy, ready, intercepting func() error, note func() string, dataplane string, profiling bool) http.Handler {
 	mux := http.NewServeMux()
 	if profiling {
 		// pprof.Index also serves the named profiles (heap, goroutine,
@@ -189,6 +189,9 @@ func (m *metrics) handler(healthy, ready, intercepting func() error, note func()
 			msg := "ok"
 			if n := note(); n != "" && path == "/intercepting" {
 				msg += "; " + n
+			}
+			if dataplane != "" && path != "/healthz" {
+				msg += "; dataplane " + dataplane
 			}
 			_, _ = w.Write([]byte(msg))
 		})

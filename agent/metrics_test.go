@@ -78,7 +78,7 @@ func TestProfilingHandlers(t *testing.T) {
 		t.Run(fmt.Sprintf("profiling=%v", profiling), func(t *testing.T) {
 			ok := func() error { return nil }
 			stepAside := func() error { return errors.New("unhealthy: no upstream") }
-			srv := httptest.NewServer(newMetrics().handler(ok, ok, stepAside, func() string { return "" }, profiling))
+			srv := httptest.NewServer(newMetrics().handler(ok, ok, stepAside, func() string { return "" }, "nftables (auto: test)", profiling))
 			defer srv.Close()
 			wantPprof := http.StatusNotFound
 			if profiling {
@@ -101,6 +101,9 @@ func TestProfilingHandlers(t *testing.T) {
 				resp.Body.Close()
 				if resp.StatusCode != want {
 					t.Errorf("GET %s: %d, want %d", path, resp.StatusCode, want)
+				}
+				if path == "/readyz" && string(body) != "ok; dataplane nftables (auto: test)" {
+					t.Errorf("GET /readyz: %q, want ok and the dataplane with its reason", body)
 				}
 				if path == "/debug/pprof/goroutine?debug=1" && profiling && !strings.Contains(string(body), "goroutine profile:") {
 					t.Errorf("GET %s: body is not a goroutine profile: %.100q", path, body)

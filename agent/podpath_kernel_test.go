@@ -37,7 +37,7 @@ func TestPodPathKernel(t *testing.T) {
 			IPSet:     n.h,
 			Conntrack: netrules.KernelConntrack{},
 		}
-		planes, err := newDataplanes(cfg, k)
+		planes, err := newDataplanes(cfg, DataplaneIPTables, k)
 		mustDo(t, err)
 		d := planes[0]
 		a := &Agent{cfg: cfg, planes: planes, now: time.Now, local: newLocalPods(),

@@ -57,8 +57,7 @@ func newSyncTestAgentWith(t *testing.T, k *fakeKernel, ep *testEndpoint, edit fu
 func wireTestAgent(t *testing.T, a *Agent, cfg *Config, k *fakeKernel, ep *testEndpoint) {
 	t.Helper()
 	a.cfg = cfg
-	var err error
-	if a.planes, err = newDataplanes(cfg, k.kernel()); err != nil {
+	if err := a.buildDataplanes(k.kernel()); err != nil {
 		t.Fatal(err)
 	}
 	a.up = newTestUpstreams(ep)
@@ -185,7 +184,8 @@ func TestLivenessNotBehindSync(t *testing.T) {
 	// three liveness timeouts,
 	stall := &stallingIPTables{IPTables: k.ipt, stall: make(chan struct{})}
 	d := a.planes[0]
-	d.chain = netrules.NewChainSyncer(stall, redirectChain(a.cfg, livenessSetName(a.cfg, d.family), d.vips, d.listen, d.local, "", ""))
+	ir := d.rules.(*iptablesRules)
+	ir.chain = netrules.NewChainSyncer(stall, redirectChain(a.cfg, livenessSetName(a.cfg, d.family), d.vips, d.listen, ir.local, "", ""))
 	go a.runLiveness(ctx)
 	synced := make(chan error, 1)
 	go func() { synced <- a.syncAndReport(ctx) }()
