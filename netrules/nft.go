@@ -18,8 +18,10 @@ import (
 // chains at a priority strictly before dstnat, a regular chain holding the
 // redirect, and the sets the rules match: liveness (with per-element
 // timeouts, the dead-man switch), the pods, skip and seen sets of the
-// pod-path check. Nothing outside the table is read or written, so a sync
-// costs the same whatever other tables hold.
+// pod-path check. Nothing outside the table is written, and only its own
+// sets and rules are read (the kernel cannot list one table's chains
+// alone, so chain names are read for the whole family): a sync does not
+// grow with other tables' rules.
 //
 // kube-proxy's nftables mode registers its nat chains at dstnat (-100) in
 // its own table; netfilter runs NAT base chains in priority order and the
@@ -325,7 +327,7 @@ func (r *NFTRedirect) Sync() (setCreated bool, res SyncResult, err error) {
 	}
 	have, err := r.nft.ListTable(spec.Family, spec.Table)
 	if err != nil {
-		return false, res, fmt.Errorf("listing table %s %s: %w", spec.Family, spec.Table, err)
+		return false, res, fmt.Errorf("listing table %s %s: %w", NFTFamilyName(spec.Family), spec.Table, err)
 	}
 	if have == nil {
 		have = &NFTTable{}
@@ -387,7 +389,7 @@ func (r *NFTRedirect) Sync() (setCreated bool, res SyncResult, err error) {
 		}
 	}
 	if err := r.nft.Apply(tx); err != nil {
-		return false, SyncResult{}, fmt.Errorf("writing table %s %s: %w", spec.Family, spec.Table, err)
+		return false, SyncResult{}, fmt.Errorf("writing table %s %s: %w", NFTFamilyName(spec.Family), spec.Table, err)
 	}
 	return setCreated, res, nil
 }
@@ -643,6 +645,14 @@ func nftAddrs(nft NFTables, family Family, table, set string) ([]netip.Addr, err
 		out = append(out, e.Addr)
 	}
 	return out, nil
+}
+
+// NFTFamilyName is f's nftables family: ip or ip6.
+func NFTFamilyName(f Family) string {
+	if f == IPv6 {
+		return "ip6"
+	}
+	return "ip"
 }
 
 // ErrNFTNotExist is returned (wrapped) for a table, chain or set that does
