@@ -16,6 +16,8 @@ type CleanupTarget struct {
 	ListenLink        string
 	ListenAddress     netip.Addr
 	ListenAddressIPv6 netip.Addr
+	// NFTablesTable is the nftables dataplane's table, in ip and ip6.
+	NFTablesTable string
 }
 
 // withDefaults fills the zero fields with the agent's defaults.
@@ -25,6 +27,9 @@ func (t CleanupTarget) withDefaults() CleanupTarget {
 	}
 	if t.LivenessSet == "" {
 		t.LivenessSet = DefaultLivenessSet
+	}
+	if t.NFTablesTable == "" {
+		t.NFTablesTable = DefaultNFTablesTable
 	}
 	if t.ListenLink == "" {
 		t.ListenLink = DefaultListenLink
@@ -51,14 +56,14 @@ type CleanupBackend struct {
 // left there, as `kube-proxy --cleanup` does for kube-proxy's rules: the
 // jumps to its chain and the chain, in both IP families and in every
 // backend given (rules written through one are invisible to the other, and
-// a node may have changed backends), then the liveness sets, then the
-// listen addresses. That is the state a SIGKILLed or force-deleted agent
+// a node may have changed backends), its nftables tables (nft may be nil:
+// none), then the liveness sets, then the listen addresses. That is the state a SIGKILLed or force-deleted agent
 // leaves: inert, since the liveness entries expire by themselves, but
 // still there. It returns what it removed. Missing state is not an error,
 // so Cleanup changes nothing on a clean node and can run again after a
 // partial failure. An agent still running on the node puts its state back
 // at its next sync: stop it first.
-func Cleanup(t CleanupTarget, backends []CleanupBackend, nl netrules.Netlink, sets netrules.IPSet) ([]string, error) {
+func Cleanup(t CleanupTarget, backends []CleanupBackend, nl netrules.Netlink, sets netrules.IPSet, nft netrules.NFTables) ([]string, error) {
 	t = t.withDefaults()
 	var removed []string
 	var errs []error
@@ -90,6 +95,25 @@ func Cleanup(t CleanupTarget, backends []CleanupBackend, nl netrules.Netlink, se
 				removed = append(removed, fmt.Sprintf("chain nat/%s and its jumps (%s, %s)", t.Chain, b.Name, familyName(f)))
 			}
 		}
+	}
+	// The nftables dataplane's tables hold their own sets.
+	for _, f := range families {
+		if nft == nil {
+			break
+		}
+		have, err := nft.ListTable(f, t.NFTablesTable)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("nftables %s: %w", familyName(f), err))
+			continue
+		}
+		if have == nil {
+			continue
+		}
+		if err := nft.DeleteTable(f, t.NFTablesTable); err != nil {
+			errs = append(errs, fmt.Errorf("nftables %s: %w", familyName(f), err))
+			continue
+		}
+		removed = append(removed, fmt.Sprintf("nftables table %s %s", netrules.NFTFamilyName(f), t.NFTablesTable))
 	}
 	if len(errs) > 0 {
 		// A rule may still match a set or send traffic to an address:

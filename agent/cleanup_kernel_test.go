@@ -3,6 +3,7 @@ package agent
 import (
 	"net/netip"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -15,7 +16,8 @@ import (
 
 // TestCleanupKernel leaves on a real kernel what a SIGKILLed agent leaves
 // (address, sets, chains and jumps in both families; a chain in the legacy
-// backend too, as after a node changed backends) and checks that Cleanup
+// backend and the nftables dataplane's tables too, as after a node changed
+// backends) and checks that Cleanup
 // removes all of it, leaves kube-proxy's rules alone, and finds nothing the
 // second time.
 func TestCleanupKernel(t *testing.T) {
@@ -77,8 +79,21 @@ func TestCleanupKernel(t *testing.T) {
 			_, err = netrules.NewChainSyncer(legacy, redirectChain(cfg, cfg.LivenessSet, cfg.ServiceVIPs[:1], cfg.ListenAddress, nil, "", "")).Sync()
 			mustDo(t, err)
 		}
+		// and the nftables dataplane's tables, as after a node changed
+		// dataplanes,
+		nft, err := netrules.NewKernelNFTables()
+		mustDo(t, err)
+		defer nft.Close()
+		nftPlanes, err := newDataplanes(cfg, DataplaneNFTables, Kernel{Netlink: h, NFTables: nft, Conntrack: netrules.KernelConntrack{}})
+		mustDo(t, err)
+		for _, d := range nftPlanes {
+			d.setLocal(localMatch{pods: true})
+			_, _, err := d.sync()
+			mustDo(t, err)
+			mustDo(t, d.refresh())
+		}
 		// when cleanup runs,
-		removed, err := Cleanup(CleanupTarget{}, backends, h, h)
+		removed, err := Cleanup(CleanupTarget{}, backends, h, h, nft)
 		mustDo(t, err)
 		// then it reports each piece,
 		got := strings.Join(removed, "\n")
@@ -87,6 +102,7 @@ func TestCleanupKernel(t *testing.T) {
 			"ipset KUBE-APICACHE-LIVE", "ipset KUBE-APICACHE-LIVE6", "ipset KUBE-APICACHE-LIVE-PODS", "ipset KUBE-APICACHE-LIVE-PODS6",
 			"ipset KUBE-APICACHE-LIVE-SKIP", "ipset KUBE-APICACHE-LIVE-SEEN6",
 			"address 169.254.25.10 from lo",
+			"nftables table ip kube-apicache", "nftables table ip6 kube-apicache",
 		} {
 			if !strings.Contains(got, want) {
 				t.Errorf("removed:\n%s\nlacks %q", got, want)
@@ -108,7 +124,12 @@ func TestCleanupKernel(t *testing.T) {
 			t.Errorf("ipsets left: %v, %v", sets, err)
 		}
 		// and a second run finds nothing.
-		removed, err = Cleanup(CleanupTarget{}, backends, h, h)
+		for _, f := range []netrules.Family{netrules.IPv4, netrules.IPv6} {
+			if tables, err := nft.Tables(f); err != nil || slices.Contains(tables, DefaultNFTablesTable) {
+				t.Errorf("%s tables: %v, %v; want no %s", netrules.NFTFamilyName(f), tables, err, DefaultNFTablesTable)
+			}
+		}
+		removed, err = Cleanup(CleanupTarget{}, backends, h, h, nft)
 		if err != nil || len(removed) != 0 {
 			t.Errorf("second cleanup = %v, %v; want nothing", removed, err)
 		}

@@ -135,7 +135,7 @@ func resolveDataplane(want string, k Kernel) (string, string, error) {
 			return DataplaneIPTables, fmt.Sprintf("auto: listing nftables tables failed (%v)", err), nil
 		}
 		if slices.Contains(tables, kubeProxyNFTTable) {
-			return DataplaneNFTables, fmt.Sprintf("auto: kube-proxy's nftables table %s %s exists", f, kubeProxyNFTTable), nil
+			return DataplaneNFTables, fmt.Sprintf("auto: kube-proxy's nftables table %s %s exists", netrules.NFTFamilyName(f), kubeProxyNFTTable), nil
 		}
 	}
 	if k.Backend == string(netrules.BackendNFT) {

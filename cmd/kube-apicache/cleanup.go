@@ -19,9 +19,9 @@ func newCleanupCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove every rule, set and address of the agent from this node",
-		Long: `cleanup removes from this node the nat jumps and chain, the liveness ipsets
-and the listen addresses of the agent, in both IP families and both iptables
-backends, and prints what it removed. Run it on the node (hostNetwork, with
+		Long: `cleanup removes from this node the nat jumps and chain, the liveness ipsets,
+the nftables tables and the listen addresses of the agent, in both IP families
+and both iptables backends, and prints what it removed. Run it on the node (hostNetwork, with
 NET_ADMIN) after the DaemonSet is gone: a running agent puts its state back
 at its next sync. On a clean node it changes nothing. Give the same names
 the agent ran with if they were not the defaults.`,
@@ -50,7 +50,12 @@ the agent ran with if they were not the defaults.`,
 				return fmt.Errorf("netlink: %w", err)
 			}
 			defer nl.Close()
-			removed, err := agent.Cleanup(t, backends, nl, nl)
+			var nft netrules.NFTables
+			if k, err := netrules.NewKernelNFTables(); err == nil {
+				defer k.Close()
+				nft = k
+			}
+			removed, err := agent.Cleanup(t, backends, nl, nl, nft)
 			for _, r := range removed {
 				fmt.Fprintln(cmd.OutOrStdout(), "removed", r)
 			}
@@ -67,6 +72,7 @@ the agent ran with if they were not the defaults.`,
 	fs.StringVar(&listen, "listen-address", agent.DefaultListenAddress, "The agent's IPv4 listen IP or IP:port.")
 	fs.StringVar(&listen6, "listen-address-ipv6", agent.DefaultListenAddressIPv6, "The agent's IPv6 listen IP or [IP]:port.")
 	fs.StringVar(&backend, "iptables-backend", "auto", "Backend to clean: auto cleans both legacy and nft.")
+	fs.StringVar(&t.NFTablesTable, "nftables-table", agent.DefaultNFTablesTable, "Name of the agent's nftables table (ip and ip6), removed whole.")
 	return cmd
 }
 

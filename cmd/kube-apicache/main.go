@@ -88,6 +88,9 @@ credentials. Run it as a DaemonSet with hostNetwork and NET_ADMIN.`,
 	fs.StringVar(&c.ClusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, for the kubernetes.default.svc.<domain> name in the serving certificate.")
 	fs.DurationVar(&c.CertificateLifetime, "certificate-lifetime", agent.DefaultCertificateLifetime, "Lifetime requested for a CSR-issued serving certificate (at least 10m); it is renewed at a random 70-90% of its lifetime, and at once on SIGHUP.")
 	fs.StringVar(&c.CertificateStateDir, "certificate-state-dir", "", "In CSR mode, a directory (mount a memory-backed emptyDir) where the key, certificate, pending CSR and last denial are kept 0600, so a restarted container serves a still-valid certificate without a new CSR. Empty: the key is kept in the process only.")
+	fs.StringVar(&c.Dataplane, "dataplane", agent.DataplaneAuto, "Where the redirect lives: auto (nftables where kube-proxy runs in nftables mode or iptables is the nf_tables backend, so that the redirect runs ahead of every dstnat chain; iptables on legacy-iptables nodes), iptables or nftables. The other one's redirect, left by an agent that used it, is removed.")
+	fs.StringVar(&c.NFTablesTable, "nftables-table", agent.DefaultNFTablesTable, "Name of the agent's nftables table (ip and ip6 families) in the nftables dataplane.")
+	fs.Int32Var(&c.NFTablesPriority, "nftables-priority", agent.DefaultNFTablesPriority, "Priority of the nftables dataplane's nat prerouting and output chains, in [-199, -100]; the default, dstnat-1, runs ahead of kube-proxy's nftables mode and iptables-nft, which run at dstnat (-100).")
 	fs.StringVar(&c.Chain, "iptables-chain", agent.DefaultChain, "Name of the nat chain the agent owns.")
 	fs.StringVar(&c.IPTablesBackend, "iptables-backend", agent.DefaultIPTablesBackend, "iptables backend for the redirect: auto (the one kube-proxy uses, found by its KUBE-IPTABLES-HINT chain), legacy or nft.")
 	fs.StringVar(&c.LivenessSet, "liveness-set", agent.DefaultLivenessSet, "ipset holding the VIP(s) while the agent is healthy; the redirect applies only to VIPs in it (IPv6 set: this name with a 6 suffix).")
@@ -210,13 +213,20 @@ func run(ctx context.Context, cfg *agent.Config) error {
 		return fmt.Errorf("netlink: %w", err)
 	}
 	defer nl.Close()
-	a, err := agent.New(cfg, agent.Kernel{
+	k := agent.Kernel{
 		IPTables:  func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(backend, f) },
 		Backend:   string(backend),
 		Netlink:   nl,
 		IPSet:     nl,
 		Conntrack: netrules.KernelConntrack{},
-	})
+	}
+	if nft, err := netrules.NewKernelNFTables(); err != nil {
+		logger.Info("nftables is not available; the iptables dataplane only", "err", err)
+	} else {
+		defer nft.Close()
+		k.NFTables = nft
+	}
+	a, err := agent.New(cfg, k)
 	if err != nil {
 		return err
 	}
