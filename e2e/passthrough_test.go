@@ -255,4 +255,7 @@ func assertNoAgentState(t *testing.T, ctx context.Context, c *sandbox.Cluster) {
 	if strings.Contains(sets, sandbox.AgentLivenessSet) {
 		t.Errorf("agent liveness set left on the node:\n%s", sets)
 	}
+	if st := readNFTState(t, ctx, c); st.Tables > 0 {
+		t.Errorf("agent nftables table left on the node: %+v", st)
+	}
 }

@@ -99,7 +99,10 @@ func TestRealNodeDaemonSet(t *testing.T) {
 	}
 	figuref(t, "real node up in %s (Node Ready at %s)", rn.Timings.KubeProxy, rn.Timings.Ready)
 
-	s := &dsScenario{c: c, node: rn, overlay: writeOverlay(t)}
+	// The iptables dataplane, next to kube-proxy's iptables mode (auto
+	// would pick nftables on this nf_tables-backed node;
+	// TestRealNodeNFTables runs that one).
+	s := &dsScenario{c: c, node: rn, overlay: writeOverlay(t, "--dataplane=iptables")}
 	steps := []struct {
 		name string
 		run  func(t *testing.T, ctx context.Context)
@@ -160,12 +163,12 @@ func realNodeBinDir() string {
 }
 
 // writeOverlay writes the kustomization an operator would: the shipped
-// manifests and the image, nothing else. kustomize takes a base only by a
+// manifests and the image, and agentArgs. kustomize takes a base only by a
 // relative path.
-func writeOverlay(t *testing.T) string {
+func writeOverlay(t *testing.T, agentArgs ...string) string {
 	t.Helper()
 	dir := t.TempDir()
-	if err := sandbox.WriteOverlay(dir, realAgentImage); err != nil {
+	if err := sandbox.WriteOverlay(dir, realAgentImage, agentArgs...); err != nil {
 		t.Fatal(err)
 	}
 	return dir

@@ -80,6 +80,9 @@ func (c *Cluster) AgentArgs(certFile, keyFile string, extra ...string) []string 
 		"--tls-cert-file=" + certFile,
 		"--tls-private-key-file=" + keyFile,
 		"--sync-period=1s",
+		// The scenarios were written against the iptables dataplane (its
+		// chain and ipsets); the nftables ones ask for theirs.
+		"--dataplane=iptables",
 		// Every emulated pod exists before the scenarios send from it, but
 		// not always a second before: the cluster CIDR, not the pods' own
 		// IPs (the agent's default), keeps the scenarios free of that race.

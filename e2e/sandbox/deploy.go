@@ -51,9 +51,9 @@ func RealNodeImages(dir string) ([]string, error) {
 }
 
 // WriteOverlay writes into dir the kustomization an operator would: the
-// shipped manifests and the image, nothing else. kustomize takes a base
-// only by a relative path.
-func WriteOverlay(dir, image string) error {
+// shipped manifests and the image, and agentArgs appended to the agent's
+// arguments if any. kustomize takes a base only by a relative path.
+func WriteOverlay(dir, image string, agentArgs ...string) error {
 	base, err := filepath.Rel(dir, filepath.Join(RepoRoot(), "manifests"))
 	if err != nil {
 		return err
@@ -68,6 +68,12 @@ images:
     newName: %s
     newTag: %s
 `, base, name, tag)
+	if len(agentArgs) > 0 {
+		k += "patches:\n  - target:\n      kind: DaemonSet\n      name: kube-apicache\n    patch: |-\n"
+		for _, a := range agentArgs {
+			k += fmt.Sprintf("      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: %q\n", a)
+		}
+	}
 	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
 }
 

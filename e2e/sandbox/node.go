@@ -48,6 +48,9 @@ type RealNodeOptions struct {
 	// Images are OCI image archives imported into containerd's k8s.io
 	// namespace before the kubelet starts. Nothing is ever pulled.
 	Images []string
+	// ProxyMode is kube-proxy's --proxy-mode: "iptables" (the default) or
+	// "nftables".
+	ProxyMode string
 }
 
 // RealNode is a running real node. Stop (or the cluster's Stop) undoes
@@ -70,6 +73,8 @@ type RealNode struct {
 	Scheduler *Process
 	// Timings of the start, from the call of StartRealNode.
 	Timings RealNodeTimings
+	// ProxyMode is kube-proxy's mode: iptables or nftables.
+	ProxyMode string
 
 	cluster    *Cluster
 	binDir     string
@@ -113,6 +118,14 @@ func (c *Cluster) StartRealNode(ctx context.Context, opts RealNodeOptions) (_ *R
 		cluster:    c,
 		binDir:     opts.BinDir,
 		cniNetwork: c.nsName("pods"),
+		ProxyMode:  opts.ProxyMode,
+	}
+	switch n.ProxyMode {
+	case "":
+		n.ProxyMode = "iptables"
+	case "iptables", "nftables":
+	default:
+		return nil, fmt.Errorf("kube-proxy mode %q: want iptables or nftables", opts.ProxyMode)
 	}
 	if n.binDir == "" {
 		n.binDir = c.opts.BinDir
@@ -391,6 +404,10 @@ func (n *RealNode) waitKubeProxy(ctx context.Context) error {
 		if done, err := n.KubeProxy.Exited(); done {
 			return false, fmt.Errorf("kube-proxy exited (%v): %s", err, tail(n.KubeProxy.Log(), 30))
 		}
+		if n.ProxyMode == "nftables" {
+			rules, err := n.cluster.Node.Output(ctx, "nft", "list", "table", "ip", "kube-proxy")
+			return err == nil && HasNFTServiceRule(rules, ServiceVIP), nil
+		}
 		rules, err := n.cluster.Node.Output(ctx, "iptables-save", "-t", "nat")
 		return err == nil && HasServiceRule(rules, ServiceVIP), nil
 	})
@@ -405,6 +422,36 @@ func (n *RealNode) waitKubeProxy(ctx context.Context) error {
 func HasServiceRule(natRules, vip string) bool {
 	for _, l := range strings.Split(natRules, "\n") {
 		if strings.HasPrefix(l, "-A KUBE-SERVICES ") && strings.Contains(l, "-d "+vip+"/32") && strings.Contains(l, "-j KUBE-SVC-") {
+			return true
+		}
+	}
+	return false
+}
+
+// RestartKubeProxy stops kube-proxy (SIGTERM) and starts it again, as a
+// rollout of its DaemonSet or a crash would, and waits until it has
+// programmed the kubernetes Service again. It returns how long that took.
+func (n *RealNode) RestartKubeProxy(ctx context.Context) (time.Duration, error) {
+	start := time.Now()
+	n.KubeProxy.Stop(10 * time.Second)
+	p, err := n.start("kube-proxy", filepath.Join(n.binDir, "kube-proxy"),
+		"--config", n.path("kube-proxy-config.json"), "--v", "2")
+	if err != nil {
+		return 0, err
+	}
+	n.KubeProxy = p
+	if err := n.waitKubeProxy(ctx); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+// HasNFTServiceRule reports whether kube-proxy's nftables table (as `nft
+// list table ip kube-proxy` prints it) maps vip's TCP port 443 to a
+// service chain, as its nftables mode does.
+func HasNFTServiceRule(table, vip string) bool {
+	for _, l := range strings.Split(table, "\n") {
+		if strings.Contains(l, vip+" . tcp . 443 : goto service-") {
 			return true
 		}
 	}

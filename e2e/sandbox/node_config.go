@@ -151,14 +151,14 @@ func (n *RealNode) kubeletConfig() ([]byte, error) {
 	return json.MarshalIndent(conf, "", "  ")
 }
 
-// kubeProxyConfig is kube-proxy's configuration: iptables mode, the
+// kubeProxyConfig is kube-proxy's configuration: its mode, the
 // cluster's pod range, and conntrack settings of zero, which leave the
 // host-wide table size and the timeouts as they are.
 func (n *RealNode) kubeProxyConfig() ([]byte, error) {
 	conf := map[string]any{
 		"apiVersion":         "kubeproxy.config.k8s.io/v1alpha1",
 		"kind":               "KubeProxyConfiguration",
-		"mode":               "iptables",
+		"mode":               n.ProxyMode,
 		"clientConnection":   map[string]string{"kubeconfig": n.cluster.path("kube-proxy.kubeconfig")},
 		"hostnameOverride":   n.Name,
 		"clusterCIDR":        ClusterPodCIDR,
