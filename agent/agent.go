@@ -300,6 +300,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 			a.removeStale()
 		}
 	}()
+	logger.Info("Using dataplane", "dataplane", a.dataplane, "reason", a.dataplaneReason)
 	// The audit backend outlives the server: it stops (delivering what
 	// it holds) only after shutdown has drained the requests.
 	if err := a.audit.Start(logger); err != nil {

@@ -108,8 +108,9 @@ func (a *Agent) selfCheck(ctx context.Context, vip netip.Addr, timeout time.Dura
 	if certs := conn.ConnectionState().PeerCertificates; len(certs) > 0 {
 		peer = certs[0].Subject.String()
 	}
-	return fmt.Errorf("a connection to %s was answered by something else (certificate %q): the redirect does not take effect, "+
-		"likely a socket-level load balancer rewrites the Service VIP before netfilter", addr, peer)
+	return fmt.Errorf("a connection to %s was answered by something else (certificate %q): the redirect does not take effect: "+
+		"a socket-level load balancer rewrites the Service VIP before netfilter, or, with the iptables dataplane, another nat chain "+
+		"at the same priority (kube-proxy's nftables mode) maps it first (--dataplane=nftables runs ahead of it)", addr, peer)
 }
 
 // checkListener completes a TLS handshake with the agent's listener on

@@ -179,6 +179,9 @@ type dsScenario struct {
 	c       *sandbox.Cluster
 	node    *sandbox.RealNode
 	overlay string
+	// nft: the agent runs the nftables dataplane (kube-proxy in nftables
+	// mode, the shipped --dataplane=auto).
+	nft bool
 	// reader is the client pod of step 2, kept running to the end.
 	reader *nodePod
 }
@@ -376,6 +379,10 @@ func (s *dsScenario) install(t *testing.T, ctx context.Context) {
 	})
 	figuref(t, "install: intercepting %s after the pod was Ready", took.Round(time.Millisecond))
 
+	if s.nft {
+		s.assertNFTInstalled(t, ctx)
+		return
+	}
 	// Then the jumps come first, ahead of kube-proxy's, in both hooks, and
 	// the liveness set holds the VIP.
 	nat, err := c.Node.Output(ctx, "iptables-save", "-t", "nat")
@@ -738,6 +745,10 @@ func (s *dsScenario) reads(t *testing.T, ctx context.Context) {
 func (s *dsScenario) waitPodIPInSet(t *testing.T, ctx context.Context, ip string) time.Time {
 	t.Helper()
 	took := waitFor(t, 30*time.Second, "the pod's IP in the agent's set of this node's pods", func() bool {
+		if s.nft {
+			out, err := s.c.Node.Output(ctx, "nft", "list", "set", "ip", "kube-apicache", "pods")
+			return err == nil && strings.Contains(out, ip)
+		}
 		out, err := s.c.Node.Output(ctx, "ipset", "list", sandbox.AgentLivenessSet+"-PODS")
 		return err == nil && slices.Contains(strings.Fields(out), ip)
 	})
@@ -839,6 +850,21 @@ func (s *dsScenario) agentStatus(t *testing.T, ctx context.Context) (*corev1.Pod
 // agent's objects.
 func (s *dsScenario) assertNoDuplicates(t *testing.T, ctx context.Context, when string) {
 	t.Helper()
+	if s.nft {
+		st := readNFTState(t, ctx, s.c)
+		nat, addrs, err := s.c.NodeNetState(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// PodIPs mode: the liveness, pods, skip and seen sets.
+		if st.Tables != 1 || st.BaseChains != 2 || st.Chains != 3 || st.Rules != 6 || st.Sets != 4 ||
+			!slices.Equal(st.Live, []string{sandbox.ServiceVIP}) || strings.Contains(nat, sandbox.AgentChain) ||
+			strings.Count(addrs, " "+sandbox.AgentListenIP+"/") != 1 {
+			t.Errorf("%s: nftables state %+v; want one table, its chains and sets, the VIP alive, no iptables chain, one address:\n%s\n%s", when, st, nat, addrs)
+		}
+		figuref(t, "%s: one table (%d chains, %d rules, %d sets, liveness %v), no iptables chain, one address", when, st.Chains, st.Rules, st.Sets, st.Live)
+		return
+	}
 	st := readNodeState(t, ctx, s.c)
 	nat, addrs, err := s.c.NodeNetState(ctx)
 	if err != nil {
@@ -1106,7 +1132,14 @@ func (s *dsScenario) uninstall(t *testing.T, ctx context.Context) {
 	if strings.Contains(addrs, " "+sandbox.AgentListenIP+"/") || strings.Contains(addrs, "kube-apicache0") {
 		t.Errorf("listen address or link left:\n%s", addrs)
 	}
-	if !sandbox.HasServiceRule(nat, sandbox.ServiceVIP) {
+	if st := readNFTState(t, ctx, c); st.Tables != 0 {
+		t.Errorf("the agent's nftables table is left: %+v", st)
+	}
+	if s.nft {
+		if table, err := c.Node.Output(ctx, "nft", "list", "table", "ip", "kube-proxy"); err != nil || !sandbox.HasNFTServiceRule(table, sandbox.ServiceVIP) {
+			t.Errorf("kube-proxy's nftables rule for the VIP is gone (%v):\n%s", err, table)
+		}
+	} else if !sandbox.HasServiceRule(nat, sandbox.ServiceVIP) {
 		t.Errorf("kube-proxy's rule for the VIP is gone:\n%s", nat)
 	}
 

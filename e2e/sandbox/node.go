@@ -248,7 +248,8 @@ func (n *RealNode) checkPrerequisites(opts RealNodeOptions) error {
 			missing = append(missing, f+" (make node-deps)")
 		}
 	}
-	for _, tool := range []string{"runc", "nsenter", "conntrack"} {
+	// kube-proxy's nftables mode drives the nft binary.
+	for _, tool := range []string{"runc", "nsenter", "conntrack", "nft"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool+" (make node-deps)")
 		}
@@ -429,17 +430,33 @@ func HasServiceRule(natRules, vip string) bool {
 }
 
 // RestartKubeProxy stops kube-proxy (SIGTERM) and starts it again, as a
-// rollout of its DaemonSet or a crash would, and waits until it has
-// programmed the kubernetes Service again. It returns how long that took.
+// rollout of its DaemonSet or a crash would, and waits until the new
+// process has completed a full sync of its rules (in nftables mode, the
+// first sync deletes and re-creates its base chains). It returns how long
+// that took.
 func (n *RealNode) RestartKubeProxy(ctx context.Context) (time.Duration, error) {
 	start := time.Now()
 	n.KubeProxy.Stop(10 * time.Second)
+	// The log file is appended to: the new process's lines start here.
+	offset := len(n.KubeProxy.Log())
 	p, err := n.start("kube-proxy", filepath.Join(n.binDir, "kube-proxy"),
 		"--config", n.path("kube-proxy-config.json"), "--v", "2")
 	if err != nil {
 		return 0, err
 	}
 	n.KubeProxy = p
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
+		if done, err := p.Exited(); done {
+			return false, fmt.Errorf("kube-proxy exited (%v): %s", err, tail(p.Log(), 30))
+		}
+		log := p.Log()
+		return len(log) > offset && strings.Contains(log[offset:], "SyncProxyRules complete"), nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("waiting for the restarted kube-proxy's sync: %w", err)
+	}
 	if err := n.waitKubeProxy(ctx); err != nil {
 		return 0, err
 	}
