@@ -356,36 +356,11 @@ func TestStartKillCycles(t *testing.T) {
 	dumpOnFailure(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	pod, certFile, keyFile := newAgentPod(t, ctx, c)
-	args := c.AgentArgs(certFile, keyFile)
-	const cycles = 100
-	readyKills := 0
-	start := time.Now()
-	for i := range cycles {
-		proc, err := pod.Start(agentBin, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := &sandbox.Agent{Pod: pod, Process: proc}
-		if i%4 == 0 {
-			// Every fourth one serves before it dies.
-			if err := a.WaitReady(ctx); err != nil {
-				t.Fatalf("cycle %d: %v", i, err)
-			}
-			readyKills++
-		} else {
-			time.Sleep(time.Duration(rand.IntN(600)) * time.Millisecond)
-		}
-		_ = proc.Signal(syscall.SIGKILL)
-		_ = proc.Wait(10 * time.Second)
-		if done, _ := proc.Exited(); !done {
-			t.Fatalf("cycle %d: agent did not die", i)
-		}
+	startKillCycles(t, ctx, c, "iptables dataplane", func(i int) {
 		if s := readNodeState(t, ctx, c); s.Chains > 1 || s.Jumps > 2 || s.ChainRules > 4 || s.Sets > 1 || s.Entries > 1 || s.Addresses > 1 {
 			t.Fatalf("cycle %d: duplicated state: %+v", i, s)
 		}
-	}
-	figuref(t, "%d start/kill cycles (%d killed while serving) in %s", cycles, readyKills, time.Since(start).Round(time.Second))
+	})
 
 	a := startAgent(t, ctx, c)
 	want := nodeState{Chains: 1, ChainRules: 4, Jumps: 2, Sets: 1, Entries: 1, Addresses: 1, JumpFirst: true, ReturnFirst: true}
@@ -405,6 +380,40 @@ func TestStartKillCycles(t *testing.T) {
 		t.Errorf("active upstream %q is not an apiserver endpoint", active)
 	}
 	figuref(t, "final state: %+v", want)
+}
+
+// startKillCycles starts 100 agents with args one after the other, each
+// killed with SIGKILL at a random point of its start-up or, every fourth,
+// once it serves; after each, check looks at the node.
+func startKillCycles(t *testing.T, ctx context.Context, c *sandbox.Cluster, what string, check func(i int), args ...string) {
+	t.Helper()
+	pod, certFile, keyFile := newAgentPod(t, ctx, c)
+	full := c.AgentArgs(certFile, keyFile, args...)
+	const cycles = 100
+	readyKills := 0
+	start := time.Now()
+	for i := range cycles {
+		proc, err := pod.Start(agentBin, full...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := &sandbox.Agent{Pod: pod, Process: proc}
+		if i%4 == 0 {
+			if err := a.WaitReady(ctx); err != nil {
+				t.Fatalf("cycle %d: %v", i, err)
+			}
+			readyKills++
+		} else {
+			time.Sleep(time.Duration(rand.IntN(600)) * time.Millisecond)
+		}
+		_ = proc.Signal(syscall.SIGKILL)
+		_ = proc.Wait(10 * time.Second)
+		if done, _ := proc.Exited(); !done {
+			t.Fatalf("cycle %d: agent did not die", i)
+		}
+		check(i)
+	}
+	figuref(t, "%s: %d start/kill cycles (%d killed while serving) in %s", what, cycles, readyKills, time.Since(start).Round(time.Second))
 }
 
 // activeUpstream returns the endpoint the agent sends requests to, from its

@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
@@ -142,35 +141,11 @@ func TestNFTablesStartKillCycles(t *testing.T) {
 	dumpOnFailure(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	pod, certFile, keyFile := newAgentPod(t, ctx, c)
-	args := c.AgentArgs(certFile, keyFile, nftDataplane)
-	const cycles = 100
-	readyKills := 0
-	start := time.Now()
-	for i := range cycles {
-		proc, err := pod.Start(agentBin, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := &sandbox.Agent{Pod: pod, Process: proc}
-		if i%4 == 0 {
-			if err := a.WaitReady(ctx); err != nil {
-				t.Fatalf("cycle %d: %v", i, err)
-			}
-			readyKills++
-		} else {
-			time.Sleep(time.Duration(rand.IntN(600)) * time.Millisecond)
-		}
-		_ = proc.Signal(syscall.SIGKILL)
-		_ = proc.Wait(10 * time.Second)
-		if done, _ := proc.Exited(); !done {
-			t.Fatalf("cycle %d: agent did not die", i)
-		}
+	startKillCycles(t, ctx, c, "nftables dataplane", func(i int) {
 		if s := readNFTState(t, ctx, c); s.Tables > 1 || s.Chains > 3 || s.Rules > 6 || s.Sets > 3 || len(s.Live) > 1 {
 			t.Fatalf("cycle %d: duplicated state: %+v", i, s)
 		}
-	}
-	figuref(t, "nftables dataplane: %d start/kill cycles (%d killed while serving) in %s", cycles, readyKills, time.Since(start).Round(time.Second))
+	}, nftDataplane)
 
 	a := startAgent(t, ctx, c, nftDataplane)
 	got := readNFTState(t, ctx, c)

@@ -80,23 +80,7 @@ func TestRealNodeDaemonSet(t *testing.T) {
 	testStart := time.Now()
 	hostBefore := snapshotHost(t)
 
-	c, err := sandbox.Start(ctx, sandbox.Options{BinDir: realNodeBinDir(), APIServers: 1, RealNode: true, Logf: t.Logf})
-	if err != nil {
-		t.Fatalf("starting the sandbox: %v", err)
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			if t.Failed() {
-				t.Logf("sandbox logs:\n%s", c.Logs(60))
-			}
-			_ = c.Stop()
-		}
-	}()
-	rn, err := c.StartRealNode(ctx, sandbox.RealNodeOptions{Images: images})
-	if err != nil {
-		t.Fatalf("starting the real node: %v", err)
-	}
+	c, rn, stop := startRealNodeSandbox(t, ctx, realNodeBinDir(), images, "iptables")
 	figuref(t, "real node up in %s (Node Ready at %s)", rn.Timings.KubeProxy, rn.Timings.Ready)
 
 	// The iptables dataplane, next to kube-proxy's iptables mode (auto
@@ -125,13 +109,41 @@ func TestRealNodeDaemonSet(t *testing.T) {
 	}
 
 	// Then, once the sandbox stops, the machine is as it was.
-	stopped = true
-	if err := c.Stop(); err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("stopping: %v", err)
 	}
 	hostBefore.checkRestored(t, rn)
 	if !t.Failed() {
 		figuref(t, "whole scenario %s, teardown included; nothing left on the machine", time.Since(testStart).Round(time.Second))
+	}
+}
+
+// startRealNodeSandbox starts a sandbox with a real node whose kube-proxy
+// runs in proxyMode. stop stops the sandbox and returns its error; if the
+// test ends without calling it, a cleanup stops the sandbox, logging its
+// logs first if the test failed.
+func startRealNodeSandbox(t *testing.T, ctx context.Context, binDir string, images []string, proxyMode string) (c *sandbox.Cluster, rn *sandbox.RealNode, stop func() error) {
+	t.Helper()
+	c, err := sandbox.Start(ctx, sandbox.Options{BinDir: binDir, APIServers: 1, RealNode: true, Logf: t.Logf})
+	if err != nil {
+		t.Fatalf("starting the sandbox: %v", err)
+	}
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			if t.Failed() {
+				t.Logf("sandbox logs:\n%s", c.Logs(60))
+			}
+			_ = c.Stop()
+		}
+	})
+	rn, err = c.StartRealNode(ctx, sandbox.RealNodeOptions{Images: images, ProxyMode: proxyMode})
+	if err != nil {
+		t.Fatalf("starting the real node: %v", err)
+	}
+	return c, rn, func() error {
+		stopped = true
+		return c.Stop()
 	}
 }
 

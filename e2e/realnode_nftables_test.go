@@ -44,23 +44,7 @@ func TestRealNodeNFTables(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	hostBefore := snapshotHost(t)
-	c, err := sandbox.Start(ctx, sandbox.Options{BinDir: realNodeBinDir(), APIServers: 1, RealNode: true, Logf: t.Logf})
-	if err != nil {
-		t.Fatalf("starting the sandbox: %v", err)
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			if t.Failed() {
-				t.Logf("sandbox logs:\n%s", c.Logs(60))
-			}
-			_ = c.Stop()
-		}
-	}()
-	rn, err := c.StartRealNode(ctx, sandbox.RealNodeOptions{Images: images, ProxyMode: "nftables"})
-	if err != nil {
-		t.Fatalf("starting the real node: %v", err)
-	}
+	c, rn, stop := startRealNodeSandbox(t, ctx, realNodeBinDir(), images, "nftables")
 	figuref(t, "nftables real node up in %s, kube-proxy in nftables mode", rn.Timings.KubeProxy)
 
 	s := &dsScenario{c: c, node: rn, overlay: writeOverlay(t), nft: true}
@@ -87,8 +71,7 @@ func TestRealNodeNFTables(t *testing.T) {
 			t.Fatalf("step %s failed; the later steps depend on it", step.name)
 		}
 	}
-	stopped = true
-	if err := c.Stop(); err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("stopping: %v", err)
 	}
 	hostBefore.checkRestored(t, rn)

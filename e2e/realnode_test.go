@@ -63,25 +63,8 @@ func TestRealNode(t *testing.T) {
 
 	hostBefore := snapshotHost(t)
 
-	c, err := sandbox.Start(ctx, sandbox.Options{BinDir: binDir, APIServers: 1, RealNode: true, Logf: t.Logf})
-	if err != nil {
-		t.Fatalf("starting the sandbox: %v", err)
-	}
-	stopped := false
-	defer func() {
-		if !stopped {
-			if t.Failed() {
-				t.Logf("sandbox logs:\n%s", c.Logs(60))
-			}
-			_ = c.Stop()
-		}
-	}()
-
 	// Given a real node.
-	rn, err := c.StartRealNode(ctx, sandbox.RealNodeOptions{Images: images})
-	if err != nil {
-		t.Fatalf("starting the real node: %v", err)
-	}
+	c, rn, stop := startRealNodeSandbox(t, ctx, binDir, images, "iptables")
 	tm := rn.Timings
 	figuref(t, "real node: containerd %s, images %s, registered %s, Ready %s, kube-proxy synced %s",
 		tm.Containerd, tm.Images, tm.Registered, tm.Ready, tm.KubeProxy)
@@ -133,8 +116,7 @@ func TestRealNode(t *testing.T) {
 	// When the sandbox stops (with a pod still running), then the machine
 	// is as it was.
 	stopStart := time.Now()
-	stopped = true
-	if err := c.Stop(); err != nil {
+	if err := stop(); err != nil {
 		t.Errorf("stopping: %v", err)
 	}
 	figuref(t, "real node: teardown %s", time.Since(stopStart).Round(time.Millisecond))
