@@ -590,6 +590,10 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 	return nil, nil
 }
 
+// listenerLinger is how long the listener keeps accepting after the
+// redirect is gone, at shutdown.
+const listenerLinger = 500 * time.Millisecond
+
 // maxSelfCheckRetry bounds the wait between attempts to install a redirect
 // that failed its self-check.
 const maxSelfCheckRetry = 5 * time.Minute
@@ -626,6 +630,12 @@ func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 	}
 	a.planeMu.Unlock()
 	a.syncMu.Unlock()
+	// Connections redirected just before the entries went may still sit
+	// in the listener's accept queue, their clients waiting for the TLS
+	// handshake: closing the listener now would reset them. They are
+	// accepted (and served) for a moment first; new ones already take
+	// kube-proxy's path.
+	time.Sleep(listenerLinger)
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGracePeriod)
 	defer cancel()
 	done := make(chan error, 1)

@@ -36,9 +36,15 @@ const kubeProxyRestarts = 20
 //     dstnat: kube-proxy's re-registered chains run first, and probes
 //     reach kube-apiserver instead (until the self-check steps aside);
 //     switching back removes the iptables redirect.
-//  5. The DaemonSet restarts under load without a failed request; SIGKILL
-//     fails open and the kubelet's restart intercepts again, with nothing
-//     duplicated; the uninstall leaves nothing of the agent.
+//  5. The DaemonSet restarts under load without a failed request; a hung
+//     agent (its container frozen, as SIGSTOP) and SIGKILL both fail open,
+//     and the agent intercepts again, with nothing duplicated; the
+//     uninstall leaves nothing of the agent.
+//
+// The 100 start/kill cycles of each dataplane run on the emulated node
+// (TestStartKillCycles, TestNFTablesStartKillCycles), with the same agent
+// binary and kernel: through the kubelet, whose restart back-off doubles
+// up to five minutes, they would take hours.
 func TestRealNodeNFTables(t *testing.T) {
 	images := requireRealNode(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
@@ -57,6 +63,7 @@ func TestRealNodeNFTables(t *testing.T) {
 		{"kube-proxy-restarts", s.kubeProxyRestarts},
 		{"iptables-tie", s.iptablesTie},
 		{"rollout", s.rollout},
+		{"hang", s.hang},
 		{"kill", s.kill},
 		{"uninstall", s.uninstall},
 	} {
@@ -299,4 +306,34 @@ func waitForCond(timeout time.Duration, cond func() bool) bool {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return false
+}
+
+// hang: given a load client opening a connection per request, when the
+// agent's container is frozen (the cgroup freezer: a hung agent, as
+// SIGSTOP), then the liveness element expires and new connections take
+// kube-proxy's path; when it thaws, it intercepts again.
+func (s *dsScenario) hang(t *testing.T, ctx context.Context) {
+	load := s.startLoad(t, ctx, "load-hang", true)
+	waitFor(t, 10*time.Second, "the load goes through the agent", func() bool { return s.intercepting(t, ctx) })
+	id := s.runningAgentContainer(t, ctx)
+	frozen := time.Now()
+	if out, err := s.node.CtrOutput(ctx, "tasks", "pause", id); err != nil {
+		t.Fatalf("ctr tasks pause: %v %s", err, out)
+	}
+	waitFor(t, livenessTimeout+2*time.Second, "the liveness element expires", func() bool {
+		return !slices.Contains(liveEntries(t, ctx, s.c), sandbox.ServiceVIP)
+	})
+	expired := time.Since(frozen)
+	time.Sleep(3 * time.Second) // the load runs on kube-proxy's path meanwhile
+	if out, err := s.node.CtrOutput(ctx, "tasks", "resume", id); err != nil {
+		t.Fatalf("ctr tasks resume: %v %s", err, out)
+	}
+	waitFor(t, 2*time.Minute, "the thawed agent intercepts", func() bool { return s.intercepting(t, ctx) })
+	res := s.stopLoad(t, ctx, load)
+	figuref(t, "hang: container frozen; liveness element expired %s after; thawed agent intercepting again; load: %s",
+		expired.Round(time.Millisecond), res)
+	if maxGap := livenessTimeout + 4*time.Second; res.LongestGap > maxGap {
+		t.Errorf("longest gap %s, want at most %s; failures:\n%s", res.LongestGap, maxGap, res.firstFailures(5))
+	}
+	s.assertNoDuplicates(t, ctx, "hang")
 }
