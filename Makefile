@@ -4,9 +4,13 @@
 #   make demo    sandbox + real node + the DaemonSet + a client pod; Ctrl-C tears
 #                it down (DEMO_ARGS=--emulated: the emulated node)
 #   make bench   cached reads through the agent vs direct kube-apiserver
+#   make conformance
+#                upstream e2e conformance specs (e2e/conformance/specs.txt)
+#                from a sandbox pod through the agent and directly, compared
+#                spec by spec (CONFORMANCE_ARGS=-help lists its flags)
 #
 # Both install what they need on a fresh Debian machine (iptables, ipset,
-# iproute2) and build the control plane (etcd, kube-apiserver,
+# iproute2, nftables) and build the control plane (etcd, kube-apiserver,
 # kube-controller-manager) from source on first use.
 
 SHELL := /usr/bin/env bash
@@ -15,10 +19,11 @@ BIN_DIR ?= $(CURDIR)/_output/bin
 E2E_TIMEOUT ?= 40m
 DEMO_ARGS ?=
 BENCH_ARGS ?=
+CONFORMANCE_ARGS ?=
 IMAGE ?= kube-apicache:latest
 
 .PHONY: all build deps control-plane test unit e2e vet verify-manifests demo bench fuzz image clean
-.PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists
+.PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists conformance e2e-test
 
 all: build
 
@@ -28,7 +33,7 @@ build:
 # System packages the sandbox needs; installed only when missing.
 deps:
 	@missing=(); \
-	for t in iptables:iptables ipset:ipset ip:iproute2; do \
+	for t in iptables:iptables ipset:ipset ip:iproute2 nft:nftables; do \
 	  command -v $${t%%:*} >/dev/null 2>&1 || missing+=($${t#*:}); \
 	done; \
 	if [ $${#missing[@]} -gt 0 ]; then \
@@ -48,7 +53,7 @@ control-plane:
 # containerd of their own during the install.
 node-deps:
 	@missing=(); \
-	for t in containerd:containerd ctr:containerd runc:runc conntrack:conntrack nsenter:util-linux /usr/lib/cni/bridge:containernetworking-plugins; do \
+	for t in containerd:containerd ctr:containerd runc:runc conntrack:conntrack nsenter:util-linux nft:nftables /usr/lib/cni/bridge:containernetworking-plugins; do \
 	  f=$${t%%:*}; \
 	  if [[ $$f == /* ]]; then [ -x $$f ] || missing+=($${t#*:}); \
 	  else command -v $$f >/dev/null 2>&1 || missing+=($${t#*:}); fi; \
@@ -95,17 +100,21 @@ e2e: deps control-plane
 # after the run, followed by the package results again.
 FIGURES := $(CURDIR)/_output/e2e-figures.txt
 TEST_LOG := $(CURDIR)/_output/test.log
+CONFORMANCE_LOG := $(CURDIR)/_output/conformance.log
 #
 # The e2e suite includes the real node (containerd, kubelet, kube-proxy) and
 # the DaemonSet from manifests/ on it, with the images built here.
-test: deps node-deps control-plane node-binaries image e2e-images vet verify-manifests fuzz
+test: deps node-deps control-plane node-binaries image e2e-images e2e-test vet verify-manifests fuzz
 	@mkdir -p $(dir $(FIGURES)); rm -f $(FIGURES)
 	@set -o pipefail; status=0; \
 	KUBE_APICACHE_FIGURES=$(FIGURES) KUBE_APICACHE_BIN_DIR=$(BIN_DIR) \
 	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_IMAGES_DIR=$(IMAGES_DIR) \
 	  $(GO) test -count=1 -timeout $(E2E_TIMEOUT) ./... 2>&1 | tee $(TEST_LOG) || status=$$?; \
 	if [ -s $(FIGURES) ]; then echo; echo "--- measured figures (e2e)"; cat $(FIGURES); fi; \
+	echo; echo "--- upstream conformance specs, through the agent and directly (make conformance)"; \
+	$(GO) run ./e2e/conformance --bin-dir $(BIN_DIR) $(CONFORMANCE_ARGS) 2>&1 | tee $(CONFORMANCE_LOG) || status=$$?; \
 	echo; echo "--- results"; grep -E '^(ok|FAIL|panic:)' $(TEST_LOG) || true; \
+	grep -E 'specs, passed through the agent' $(CONFORMANCE_LOG) || echo "conformance: no verdict"; \
 	exit $$status
 
 # Go native fuzz targets, package:target, each run for FUZZ_EXECS inputs
@@ -130,6 +139,19 @@ demo: deps node-deps control-plane node-binaries image e2e-images
 # by side in one sandbox run (needs root). Prints figures, asserts nothing.
 bench: deps control-plane
 	$(GO) run ./e2e/bench --bin-dir $(BIN_DIR) $(BENCH_ARGS)
+
+# The upstream Kubernetes e2e conformance specs that need no kubelet, run
+# from a sandbox pod twice, in a fresh sandbox each time: through the agent
+# (the Service VIP, with a wide --cache-resources) and straight to
+# kube-apiserver; prints both results and the specs whose results differ,
+# and fails if a spec passed directly but not through the agent (needs
+# root). `make test` runs it after the Go tests. e2e.test, ginkgo and
+# kubectl v1.36.3 are built from e2e/tools/e2etest on first use.
+conformance: deps control-plane e2e-test
+	$(GO) run ./e2e/conformance --bin-dir $(BIN_DIR) $(CONFORMANCE_ARGS)
+
+e2e-test:
+	BIN_DIR=$(BIN_DIR) ./hack/build-e2e-test.sh
 
 # Container images as OCI image layout archives in $(IMAGES_DIR), built
 # without a Docker engine by hack/image (its own Go module) from the Debian

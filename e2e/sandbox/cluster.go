@@ -62,6 +62,9 @@ type Options struct {
 	// Emulated pods (NewPod) bind their Pod objects to the same node, so
 	// the kubelet would try to run them: do not mix the two yet.
 	RealNode bool
+	// Controllers are kube-controller-manager controllers to run besides
+	// the sandbox's own (baseControllers), by their --controllers names.
+	Controllers []string
 }
 
 // Cluster is a running sandbox.

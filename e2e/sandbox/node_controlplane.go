@@ -34,10 +34,11 @@ var realNodeControllers = []string{"deployment-controller", "replicaset-controll
 
 // controllers is the value of kube-controller-manager's --controllers.
 func (c *Cluster) controllers() string {
-	cs := baseControllers
+	cs := append([]string(nil), baseControllers...)
 	if c.opts.RealNode {
-		cs = append(append([]string(nil), cs...), realNodeControllers...)
+		cs = append(cs, realNodeControllers...)
 	}
+	cs = append(cs, c.opts.Controllers...)
 	return strings.Join(cs, ",")
 }
 
