@@ -188,8 +188,8 @@ func doTestAgentDies(t *testing.T, ns string, sig syscall.Signal, maxGap time.Du
 	}
 	expired := time.Since(killed)
 	// Long enough after the expiry to see the load run on kube-proxy's
-	// path.
-	time.Sleep(3 * time.Second)
+	// path (a hung agent's requests time out after 3s).
+	time.Sleep(5 * time.Second)
 	res := load.stop()
 	figuref(t, "%s: liveness entry expired %s after the signal; load: %s", ns, expired.Round(time.Millisecond), res)
 	if res.Failed > 0 {

@@ -404,6 +404,10 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 			"--audit-log-path", c.AuditLog,
 			"--audit-log-format", "json",
 			"--audit-log-mode", "blocking",
+			// Every apiserver appends to the one file; a rotation (100 MB
+			// by default) by one of them would leave the other writing
+			// to the renamed file, whose events the scenarios never read.
+			"--audit-log-maxsize", "100000",
 			"--profiling=false",
 			"--kubelet-preferred-address-types", "InternalIP",
 			"--v", "1",
