@@ -59,7 +59,7 @@ func main() {
 	flag.StringVar(&o.binDir, "bin-dir", sandbox.DefaultBinDir(), "directory holding the control plane (make control-plane) and e2e.test, ginkgo and kubectl (hack/build-e2e-test.sh)")
 	flag.StringVar(&o.outDir, "out", filepath.Join(sandbox.RepoRoot(), "_output", "conformance"), "directory for each run's JUnit report, suite output and agent log, and the summary")
 	flag.IntVar(&o.procs, "procs", 8, "ginkgo processes running specs in parallel ([Serial] specs run alone at the end)")
-	flag.DurationVar(&o.timeout, "timeout", 3*time.Hour, "overall time limit; the runs share what set-up leaves of it")
+	flag.DurationVar(&o.timeout, "timeout", time.Hour, "overall time limit; the runs share what set-up leaves of it")
 	focus := flag.String("focus", "", "regular expression narrowing the selection to the specs whose full names it matches")
 	runs := flag.String("runs", "direct,agent", "runs to make, in order: direct (kube-apiserver's address), agent (the Service VIP)")
 	include := flag.String("include", "", "comma-separated reasons of specs.txt whose excluded specs run anyway, e.g. slow; all for every reason")
