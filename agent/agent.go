@@ -58,6 +58,14 @@ type Agent struct {
 	// syncSawUnhealthy is set by a sync that found the agent unhealthy, so
 	// that the liveness loop asks for a sync as soon as it is healthy.
 	syncSawUnhealthy atomic.Bool
+	// started is when Run began and logger its logger; warmedUp is set
+	// once the pinned resources have synced or the warm-up has timed out
+	// (warmup); pinnedUnsynced lists the pinned resources not synced yet,
+	// nil without a cache.
+	started        time.Time
+	logger         klog.Logger
+	warmedUp       atomic.Bool
+	pinnedUnsynced func() []string
 	// drain is cancelled when shutdown starts, which ends open watches so
 	// their clients reconnect, now past the removed redirect.
 	drain      context.Context
@@ -294,6 +302,7 @@ func (a *Agent) setNotIntercepting(err error) {
 // means nothing of this process is left on the node.
 func (a *Agent) Run(ctx context.Context) (err error) {
 	logger := klog.FromContext(ctx)
+	a.started, a.logger = a.now(), logger
 	shutDown := false
 	defer func() {
 		if err != nil && !shutDown {
@@ -728,5 +737,9 @@ func (a *Agent) newCache() error {
 		MaxInFlightPerSource:   a.cfg.Limits.withDefaults().MaxCacheRequestsPerSource,
 		Registerer:             a.metrics.registry,
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	a.pinnedUnsynced = a.cache.PinnedUnsynced
+	return nil
 }

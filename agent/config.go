@@ -164,6 +164,12 @@ type Config struct {
 	// CacheIdleTimeout is how long an unpinned resource's watch runs
 	// without reads before it stops; zero never stops one.
 	CacheIdleTimeout time.Duration
+	// CacheWarmupTimeout bounds how long the agent waits, after start-up,
+	// for the pinned resources' first lists before it intercepts: an agent
+	// that cannot hold them (a memory limit too low for the cluster) dies
+	// while it lists, before it has taken the node's traffic. Once it has
+	// passed, the agent intercepts and forwards what is not synced yet.
+	CacheWarmupTimeout time.Duration
 
 	// Audit configures the audit log of the requests the agent answers
 	// itself (kube-apiserver's audit options); nil or without a policy
@@ -224,6 +230,7 @@ const (
 	DefaultBypassDuration       = 10 * time.Minute
 	DefaultMetricsBindAddress   = "127.0.0.1:10445"
 	DefaultShutdownGracePeriod  = 30 * time.Second
+	DefaultCacheWarmupTimeout   = 30 * time.Second
 )
 
 // builtinChains are the nat table's own chains.
@@ -302,6 +309,8 @@ func (c *Config) Validate() error {
 		return errors.New("--cache-wait-timeout must be positive and at most 1m")
 	case c.CacheIdleTimeout < 0 || (c.CacheIdleTimeout > 0 && c.CacheIdleTimeout < time.Second):
 		return errors.New("--cache-idle-timeout must be 0 (never stop) or at least 1s")
+	case c.CacheWarmupTimeout < 0:
+		return errors.New("--cache-warmup-timeout must not be negative")
 	}
 	if err := cache.CheckPinned(c.CachePinnedResources, c.CacheResources); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -36,7 +37,36 @@ func (a *Agent) health() error {
 	if err := a.cert.Ready(); err != nil {
 		return fmt.Errorf("serving certificate not ready: %w", err)
 	}
-	return a.up.healthy()
+	if err := a.up.healthy(); err != nil {
+		return err
+	}
+	return a.warmup()
+}
+
+// warmup returns nil once the pinned resources have synced, or once
+// CacheWarmupTimeout has passed since the run began, whichever is first;
+// from then on it always does. Until then the agent does not intercept:
+// an agent whose memory limit is too low for the cluster is killed while
+// it lists, and a crash loop of such agents must not take the node's
+// traffic on every restart.
+func (a *Agent) warmup() error {
+	if a.warmedUp.Load() || a.pinnedUnsynced == nil {
+		return nil
+	}
+	pending := a.pinnedUnsynced()
+	logger := a.logger
+	switch {
+	case len(pending) == 0:
+		logger.Info("Pinned resources synced", "elapsed", a.now().Sub(a.started).Round(time.Millisecond))
+	case !a.now().Before(a.started.Add(a.cfg.CacheWarmupTimeout)):
+		logger.Info("Intercepting before the pinned resources synced; their reads are forwarded until they do",
+			"timeout", a.cfg.CacheWarmupTimeout, "unsynced", pending)
+	default:
+		return fmt.Errorf("waiting up to %s after start-up for the pinned resources to sync: %s",
+			a.cfg.CacheWarmupTimeout, strings.Join(pending, ", "))
+	}
+	a.warmedUp.Store(true)
+	return nil
 }
 
 // listenerHealth returns nil while d's listener completes a TLS handshake.

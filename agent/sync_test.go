@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -393,4 +394,60 @@ func newLivenessTestAgent(t *testing.T) (*fakeKernel, *testEndpoint, *Agent) {
 	a, _ := newSyncTestAgent(t, k, ep)
 	a.cfg.LivenessTimeout = time.Second
 	return k, ep, a
+}
+
+// TestWarmup: given an agent whose pinned resources have not synced, it
+// does not intercept (an agent killed while it lists them must never have
+// taken the node's traffic) and says why; once they have synced, the
+// liveness loop asks for a sync and the agent intercepts. An agent whose
+// warm-up timed out intercepts with resources still unsynced.
+func TestWarmup(t *testing.T) {
+	_, _, a := newLivenessTestAgent(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer a.removeStale()
+	var pending atomic.Pointer[[]string]
+	pending.Store(&[]string{"services"})
+	a.pinnedUnsynced = func() []string { return *pending.Load() }
+	a.started = time.Now()
+	a.cfg.CacheWarmupTimeout = time.Hour
+
+	a.syncOrStepAside(ctx)
+	err := a.Intercepting()
+	if err == nil || !strings.Contains(err.Error(), "pinned resources to sync: services") {
+		t.Fatalf("Intercepting() = %v, want the wait for services", err)
+	}
+	if err := a.Ready(); err != nil {
+		t.Errorf("Ready() = %v while warming up: a rollout must not wait for the cache", err)
+	}
+	select {
+	case <-a.syncNow:
+	default:
+	}
+	go a.runLiveness(ctx)
+	pending.Store(&[]string{})
+	select {
+	case <-a.syncNow:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no sync asked for once the pinned resources synced")
+	}
+	a.syncOrStepAside(ctx)
+	if err := a.Intercepting(); err != nil {
+		t.Fatalf("not intercepting once synced: %v", err)
+	}
+	// Warmed up for good: a later relist does not take the traffic away.
+	pending.Store(&[]string{"services"})
+	a.syncOrStepAside(ctx)
+	if err := a.Intercepting(); err != nil {
+		t.Errorf("not intercepting while a pinned resource relists: %v", err)
+	}
+
+	// When the warm-up has timed out, an unsynced resource does not hold
+	// interception back.
+	a.warmedUp.Store(false)
+	a.started = time.Now().Add(-2 * time.Hour)
+	a.syncOrStepAside(ctx)
+	if err := a.Intercepting(); err != nil {
+		t.Errorf("not intercepting after the warm-up timed out: %v", err)
+	}
 }

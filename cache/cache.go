@@ -111,6 +111,19 @@ func (c *Cache) Resources() []ResourceState {
 	return out
 }
 
+// PinnedUnsynced returns the labels of the resources watched from
+// start-up (pinned, or all of them without OnDemand) whose Stores have
+// not synced yet, in configuration order.
+func (c *Cache) PinnedUnsynced() []string {
+	var out []string
+	for _, r := range c.resources {
+		if st := c.state(r); st.Pinned && !st.Synced {
+			out = append(out, st.Resource)
+		}
+	}
+	return out
+}
+
 // ResourceState is one resource's cache state.
 type ResourceState struct {
 	Resource string
