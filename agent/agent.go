@@ -734,6 +734,8 @@ func (a *Agent) newCache() error {
 		OnDemand:               true,
 		Pinned:                 a.cfg.CachePinnedResources,
 		IdleTimeout:            a.cfg.CacheIdleTimeout,
+		HistoryEvents:          a.cfg.CacheHistoryEvents,
+		HistoryBytes:           a.cfg.CacheHistoryBytes,
 		MaxInFlightPerSource:   a.cfg.Limits.withDefaults().MaxCacheRequestsPerSource,
 		Registerer:             a.metrics.registry,
 	})

@@ -170,6 +170,9 @@ type Config struct {
 	// while it lists, before it has taken the node's traffic. Once it has
 	// passed, the agent intercepts and forwards what is not synced yet.
 	CacheWarmupTimeout time.Duration
+	// CacheHistoryEvents and CacheHistoryBytes bound each cached
+	// resource's event window, from which watches are served.
+	CacheHistoryEvents, CacheHistoryBytes int
 
 	// Audit configures the audit log of the requests the agent answers
 	// itself (kube-apiserver's audit options); nil or without a policy
@@ -309,6 +312,8 @@ func (c *Config) Validate() error {
 		return errors.New("--cache-wait-timeout must be positive and at most 1m")
 	case c.CacheIdleTimeout < 0 || (c.CacheIdleTimeout > 0 && c.CacheIdleTimeout < time.Second):
 		return errors.New("--cache-idle-timeout must be 0 (never stop) or at least 1s")
+	case c.CacheHistoryEvents < 0 || c.CacheHistoryBytes < 0:
+		return errors.New("--cache-history-events and --cache-history-bytes must not be negative")
 	case c.CacheWarmupTimeout < 0:
 		return errors.New("--cache-warmup-timeout must not be negative")
 	}

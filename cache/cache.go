@@ -71,6 +71,7 @@ func New(cfg Config) (*Cache, error) {
 	}
 	for _, spec := range cfg.Resources {
 		r := newResource(spec, cfg.NodeName)
+		r.historyEvents, r.historyBytes = cfg.HistoryEvents, cfg.HistoryBytes
 		r.crds = c.crds
 		r.pinned = pinned[spec.GroupResource()]
 		c.resources = append(c.resources, r)
@@ -135,6 +136,8 @@ type ResourceState struct {
 	Healthy         bool
 	Objects         int
 	ResourceVersion uint64
+	// History is the event window watches are served from.
+	History HistoryStats
 }
 
 func (c *Cache) state(r *resource) ResourceState {
@@ -145,6 +148,7 @@ func (c *Cache) state(r *resource) ResourceState {
 		s.Healthy = inf.healthy()
 		s.Objects = inf.store.Len()
 		s.ResourceVersion = inf.store.ResourceVersion()
+		s.History = inf.store.History()
 	}
 	return s
 }
@@ -266,7 +270,6 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 		}
 		c.touch(p.res.resource)
 		c.metrics.outcome(info, "hit", "")
-		p.upstream = forward
 		release()
 		hit.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), planKey{}, p)))
 	})
@@ -279,20 +282,20 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 		return ""
 	}
 	if p.verb == "watch" && !p.res.healthy() {
-		// A watch-list continues upstream from the Store's
-		// resourceVersion; while the Store's own watch is broken (an
-		// apiserver restarted, etcd compacted) that version may be gone,
-		// and the client would get 410 and relist again and again until
-		// the Store recovered. kube-apiserver answers it instead.
+		// The Store's own watch is broken (an apiserver restarted, etcd
+		// compacted): its events stopped, and a relist will end the
+		// watches it serves. kube-apiserver answers the watch instead.
 		return reasonUnhealthy
 	}
 	var want uint64
-	switch p.mode {
-	case rvAny:
+	switch {
+	case p.fromRV:
 		return ""
-	case rvNotOlderThan:
+	case p.mode == rvAny:
+		return ""
+	case p.mode == rvNotOlderThan:
 		want = p.minRV
-	case rvConsistent:
+	case p.mode == rvConsistent:
 		if !p.res.healthy() {
 			return reasonUnhealthy
 		}
@@ -341,7 +344,7 @@ func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
 	}
 	switch {
 	case p.verb == "watch":
-		c.serveWatchList(w, r, p)
+		c.serveWatch(w, r, p)
 		return
 	case p.as == asTable:
 		c.serveTable(w, r, p)

@@ -91,13 +91,14 @@ type plan struct {
 	// table and tableOpts build a custom resource's Table (as asTable).
 	table     rest.TableConvertor
 	tableOpts *metav1.TableOptions
-	// timeout is a watch-list's timeoutSeconds (0: none).
+	// timeout is a watch's timeoutSeconds (0: none).
 	timeout time.Duration
 	// bookmarks: the watch asked for bookmarks (allowWatchBookmarks).
 	bookmarks bool
-	// upstream serves a watch-list's continuation with the client's
-	// request; set by Handler.
-	upstream http.Handler
+	// initialEvents: the watch starts with the objects it selects
+	// (sendInitialEvents, set or defaulted). fromRV: it starts after
+	// minRV, at once, whatever the Store's RV.
+	initialEvents, fromRV bool
 	// snap is the list snapshot taken to check a limit, served as it is
 	// so that the answer is the one that was checked.
 	snap *listSnapshot

@@ -168,6 +168,11 @@ type Config struct {
 	// read it served or would have served before it stops; zero never
 	// stops an informer once started.
 	IdleTimeout time.Duration
+	// HistoryEvents and HistoryBytes bound each resource's event window,
+	// which watches from a resourceVersion are served from (history.go):
+	// a watch from before it gets 410 Gone. Zero means
+	// DefaultHistoryEvents and DefaultHistoryBytes.
+	HistoryEvents, HistoryBytes int
 	// Registerer receives the cache's metrics; nil registers nothing.
 	Registerer prometheus.Registerer
 }

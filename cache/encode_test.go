@@ -39,7 +39,7 @@ func objectsOf(t *testing.T, r *informer, items ...runtime.Object) []*Object {
 	st := NewStore(attrsFor(r.fields, r.namespaced), r.prepare, nil)
 	var out []*Object
 	for _, it := range items {
-		o, _, err := st.newObject(it.DeepCopyObject(), false)
+		o, _, err := st.newObject(it.DeepCopyObject())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,9 +7,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -27,8 +27,8 @@ import (
 //   - anything but GET of get, list or watch-list on pods or services at
 //     v1, without subresource;
 //   - impersonation, or a request without a bearer token;
-//   - watches from a resourceVersion without initial events, continue tokens, resourceVersionMatch=Exact, query
-//     parameters the cache does not know;
+//   - a watch of one object by the deprecated path form, continue tokens,
+//     resourceVersionMatch=Exact, query parameters the cache does not know;
 //   - YAML or pretty output;
 //   - a pod list whose field selector does not pin spec.nodeName to the
 //     cache's node (the cache holds only that node's pods).
@@ -75,7 +75,9 @@ func FuzzCacheDecision(f *testing.F) {
 		if hdrName != "" {
 			req.Header.Add(hdrName, hdrValue)
 		}
-		ctx := context.Background()
+		// A watch the cache answers lasts until its context ends.
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
 		info, err := handlerInfoFactory.NewRequestInfo(req)
 		if err == nil {
 			ctx = request.WithRequestInfo(ctx, info)
@@ -205,17 +207,15 @@ func mustForward(req *http.Request, info *request.RequestInfo) string {
 	if strings.EqualFold(q.Get("resourceVersionMatch"), "Exact") {
 		return "resourceVersionMatch is Exact"
 	}
-	if info.Verb == "watch" {
-		// A watch starts with the initial state when it asks for it, or,
-		// as kube-apiserver defaults it, when it names no
-		// resourceVersionMatch and starts at resourceVersion "" or "0".
-		initial, err := strconv.ParseBool(q.Get("sendInitialEvents"))
-		legacy := !q.Has("sendInitialEvents") && !q.Has("resourceVersionMatch") && (q.Get("resourceVersion") == "" || q.Get("resourceVersion") == "0")
-		if !legacy && (err != nil || !initial) {
-			return "it is a plain watch from a resourceVersion"
+	if info.Verb == "watch" && info.Name != "" {
+		// A watch of one object is answered only by a metadata.name field
+		// selector naming it, not by the deprecated path form.
+		sel, err := fields.ParseSelector(q.Get("fieldSelector"))
+		if err != nil {
+			return "its field selector does not parse"
 		}
-		if info.Name != "" {
-			return "it watches one object"
+		if v, ok := sel.RequiresExactMatch("metadata.name"); !ok || v != info.Name {
+			return "it watches one object by its path"
 		}
 	}
 	if info.Verb != "get" && info.Resource == "pods" {

@@ -351,7 +351,7 @@ func TestObserveWriteKeepsBody(t *testing.T) {
 
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s1", Namespace: "ns", ResourceVersion: "44"}}
 	svc.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Service"))
-	o, _, err := tc.services.store.newObject(svc, false)
+	o, _, err := tc.services.store.newObject(svc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,10 @@ type metrics struct {
 	starts   *prometheus.CounterVec
 	stops    *prometheus.CounterVec
 	state    *stateCollector
+	// Watches served from the cache (watch.go).
+	watchers    *prometheus.GaugeVec
+	watchEvents *prometheus.CounterVec
+	watchEnds   *prometheus.CounterVec
 }
 
 func newMetrics(c *Cache) *metrics {
@@ -30,12 +34,46 @@ func newMetrics(c *Cache) *metrics {
 			Help: "Informers the cache stopped (idle, or at shutdown), by resource.",
 		}, []string{"resource"}),
 		state: &stateCollector{c: c},
+		watchers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kube_apicache_cache_watchers",
+			Help: "Client watches served from the cache now, by resource; the upstream holds one watch per resource for all of them.",
+		}, []string{"resource"}),
+		watchEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_cache_watch_events_total",
+			Help: "Events sent to client watches served from the cache (initial events and bookmarks excluded), by resource.",
+		}, []string{"resource"}),
+		watchEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_cache_watches_ended_total",
+			Help: "Client watches served from the cache that ended, by resource and reason: client (it went away, or the agent drained), timeout, relisted (the cache's own watch relisted), slow (it fell behind the event window or stopped reading), informer-stopped, too-old (it asked for a resourceVersion older than the window: 410 Gone).",
+		}, []string{"resource", "reason"}),
 	}
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
-	return errors.Join(reg.Register(m.requests), reg.Register(m.starts), reg.Register(m.stops), reg.Register(m.state))
+	return errors.Join(reg.Register(m.requests), reg.Register(m.starts), reg.Register(m.stops), reg.Register(m.state),
+		reg.Register(m.watchers), reg.Register(m.watchEvents), reg.Register(m.watchEnds))
 }
+
+// watchStarted counts a watch r serves until the returned function is
+// called with the reason it ended. While it runs, r is in use: an idle
+// timeout does not stop its informer.
+func (m *metrics) watchStarted(r *informer) func(reason string) {
+	r.watchers.Add(1)
+	g := m.watchers.WithLabelValues(r.label)
+	g.Inc()
+	return func(reason string) {
+		g.Dec()
+		r.lastUsed.Store(m.state.c.clock.Now().UnixNano())
+		r.watchers.Add(-1)
+		m.watchEnded(r.label, reason)
+	}
+}
+
+func (m *metrics) watchEnded(resource, reason string) {
+	m.watchEnds.WithLabelValues(resource, reason).Inc()
+}
+
+func (m *metrics) eventSent(resource string) { m.watchEvents.WithLabelValues(resource).Inc() }
 
 func (m *metrics) started(resource string) { m.starts.WithLabelValues(resource).Inc() }
 func (m *metrics) stopped(resource string) { m.stops.WithLabelValues(resource).Inc() }
@@ -73,6 +111,12 @@ var (
 		"1 for the state the resource's informer is in: idle (none runs), starting (not synced yet) or synced.", []string{"resource", "state"}, nil)
 	pinnedDesc = prometheus.NewDesc("kube_apicache_cache_pinned",
 		"1 if the resource's informer always runs, 0 if it runs on demand.", []string{"resource"}, nil)
+	historyEventsDesc = prometheus.NewDesc("kube_apicache_cache_history_events",
+		"Events in the resource's event window, which watches from a resourceVersion are served from.", []string{"resource"}, nil)
+	historyBytesDesc = prometheus.NewDesc("kube_apicache_cache_history_bytes",
+		"Estimated memory the resource's event window keeps alive.", []string{"resource"}, nil)
+	historyAgeDesc = prometheus.NewDesc("kube_apicache_cache_history_age_seconds",
+		"Age of the oldest event in the resource's event window; a watch from an older resourceVersion gets 410 Gone.", []string{"resource"}, nil)
 	informersDesc = prometheus.NewDesc("kube_apicache_cache_informers",
 		"Informers running, each holding one list or watch open upstream: those of resources not idle, and the watch of CRDs while a custom resource's informer runs.", nil, nil)
 )
@@ -89,6 +133,9 @@ func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- rvDesc
 	ch <- stateDesc
 	ch <- pinnedDesc
+	ch <- historyEventsDesc
+	ch <- historyBytesDesc
+	ch <- historyAgeDesc
 	ch <- informersDesc
 }
 
@@ -108,6 +155,13 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, b(st.State == state), st.Resource, state)
 		}
 		ch <- prometheus.MustNewConstMetric(pinnedDesc, prometheus.GaugeValue, b(st.Pinned), st.Resource)
+		ch <- prometheus.MustNewConstMetric(historyEventsDesc, prometheus.GaugeValue, float64(st.History.Events), st.Resource)
+		ch <- prometheus.MustNewConstMetric(historyBytesDesc, prometheus.GaugeValue, float64(st.History.Bytes), st.Resource)
+		age := 0.0
+		if !st.History.Oldest.IsZero() {
+			age = s.c.clock.Since(st.History.Oldest).Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(historyAgeDesc, prometheus.GaugeValue, age, st.Resource)
 	}
 	ch <- prometheus.MustNewConstMetric(informersDesc, prometheus.GaugeValue, float64(s.c.Informers()))
 }

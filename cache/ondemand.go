@@ -134,6 +134,10 @@ func (r *informer) stop() {
 // ends (false).
 func (c *Cache) waitIdle(ctx context.Context, r *resource) bool {
 	for {
+		if r.watchers.Load() > 0 {
+			// A watch it serves is a read that lasts.
+			c.touch(r)
+		}
 		left := time.Duration(r.lastUsed.Load()) + c.cfg.IdleTimeout - time.Duration(c.clock.Now().UnixNano())
 		if left <= 0 {
 			return true

@@ -44,6 +44,8 @@ type resource struct {
 	crds *crdIndex
 	// pinned: the informer runs from Run until it ends.
 	pinned bool
+	// historyEvents and historyBytes bound each Store's event window.
+	historyEvents, historyBytes int
 	// demand wakes the resource's manager when a read would start its
 	// informer; it holds at most one wake-up.
 	demand chan struct{}
@@ -51,8 +53,10 @@ type resource struct {
 	// current is the informer running now; nil while the resource is idle.
 	current atomic.Pointer[informer]
 	// lastUsed is when (UnixNano) an allowed caller last made a read the
-	// informer answered or would have answered.
+	// informer answered or would have answered; watchers counts the
+	// watches it serves now, which keep it in use.
 	lastUsed atomic.Int64
+	watchers atomic.Int64
 
 	mu sync.Mutex // protects the fields below
 	// barrier is the highest RV a forwarded write of this resource
@@ -298,6 +302,7 @@ func (r *informer) run(ctx context.Context, cfg *rest.Config, dc discovery.Disco
 		return
 	}
 	r.store = NewStore(attrsFor(r.fields, r.namespaced), r.prepare, r.changed(onChange))
+	r.store.SetHistoryBounds(r.historyEvents, r.historyBytes)
 	r.encoder = newEncoder(r.gvk, r.builtin)
 	r.ready.Store(true)
 	logger.V(2).Info("Caching resource", "gvr", r.gvr, "scope", r.scope.String(), "as", cfg.Impersonate.UserName)

@@ -10,11 +10,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
 )
 
@@ -76,8 +78,12 @@ type Store struct {
 	// closed: the Store's informer stopped; it will not change again.
 	closed bool
 	// rvChanged is closed and replaced whenever rv, synced or closed
-	// changes.
+	// changes, or an event is added to hist.
 	rvChanged chan struct{}
+	// hist is the window of recent events (history.go).
+	hist *history
+	// now stamps events; time.Now unless a test sets it.
+	now func() time.Time
 }
 
 var (
@@ -91,7 +97,17 @@ var (
 // is called after each change, without the lock held.
 func NewStore(attrs AttrsFunc, prepare func(runtime.Object) runtime.Object, onChange func()) *Store {
 	return &Store{attrs: attrs, prepare: prepare, onChange: onChange,
-		objects: map[string]*Object{}, rvChanged: make(chan struct{})}
+		objects: map[string]*Object{}, rvChanged: make(chan struct{}),
+		hist: newHistory(0, 0), now: time.Now}
+}
+
+// SetHistoryBounds bounds the Store's event window to maxEvents events
+// and maxBytes of objects (zero or less: the defaults). It must be called
+// before the Store is filled.
+func (s *Store) SetHistoryBounds(maxEvents, maxBytes int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hist = newHistory(maxEvents, maxBytes)
 }
 
 // ParseResourceVersion parses a resourceVersion as kube-apiserver's etcd3
@@ -107,9 +123,8 @@ func ParseResourceVersion(rv string) (uint64, error) {
 	return n, nil
 }
 
-// newObject wraps item and returns it with its resourceVersion. For a
-// removal (key only) only the key is filled in.
-func (s *Store) newObject(item any, keyOnly bool) (*Object, uint64, error) {
+// newObject wraps item and returns it with its resourceVersion.
+func (s *Store) newObject(item any) (*Object, uint64, error) {
 	obj, ok := item.(runtime.Object)
 	if !ok {
 		if d, isTomb := item.(toolscache.DeletedFinalStateUnknown); isTomb {
@@ -131,9 +146,6 @@ func (s *Store) newObject(item any, keyOnly bool) (*Object, uint64, error) {
 		if rv, err = ParseResourceVersion(v); err != nil {
 			return nil, 0, err
 		}
-	}
-	if keyOnly {
-		return &Object{key: keyString(m.GetNamespace(), m.GetName())}, rv, nil
 	}
 	o, err := s.compact(obj, m.GetNamespace(), m.GetName())
 	if err != nil {
@@ -194,21 +206,30 @@ func (s *Store) setRVLocked(rv uint64) bool {
 	return true
 }
 
-func (s *Store) put(item any, remove bool) error {
-	o, rv, err := s.newObject(item, remove)
+func (s *Store) put(item any, typ watch.EventType) error {
+	// A deletion's object is kept whole too: it is the DELETED event's.
+	o, rv, err := s.newObject(item)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
-	if remove {
+	prev := s.objects[o.key]
+	if typ == watch.Deleted {
 		delete(s.objects, o.key)
 	} else {
 		s.objects[o.key] = o
 	}
 	s.sorted = nil
+	if s.synced {
+		e := &event{typ: typ, obj: o, prev: prev, rv: rv, at: s.now(), size: objectSize(o)}
+		s.hist.add(e)
+	}
 	// A watch event's object carries the RV of the change (for a delete,
-	// the RV of the deletion).
-	s.setRVLocked(rv)
+	// the RV of the deletion). Watches of the history wait on rvChanged.
+	if !s.setRVLocked(rv) {
+		close(s.rvChanged)
+		s.rvChanged = make(chan struct{})
+	}
 	s.mu.Unlock()
 	if s.onChange != nil {
 		s.onChange()
@@ -217,13 +238,13 @@ func (s *Store) put(item any, remove bool) error {
 }
 
 // Add implements cache.ReflectorStore.
-func (s *Store) Add(obj any) error { return s.put(obj, false) }
+func (s *Store) Add(obj any) error { return s.put(obj, watch.Added) }
 
 // Update implements cache.ReflectorStore.
-func (s *Store) Update(obj any) error { return s.put(obj, false) }
+func (s *Store) Update(obj any) error { return s.put(obj, watch.Modified) }
 
 // Delete implements cache.ReflectorStore.
-func (s *Store) Delete(obj any) error { return s.put(obj, true) }
+func (s *Store) Delete(obj any) error { return s.put(obj, watch.Deleted) }
 
 // Resync implements cache.ReflectorStore; there is nothing to resync.
 func (s *Store) Resync() error { return nil }
@@ -235,7 +256,7 @@ func (s *Store) Resync() error { return nil }
 func (s *Store) Replace(items []any, resourceVersion string) error {
 	objects := make(map[string]*Object, len(items))
 	for _, item := range items {
-		o, _, err := s.newObject(item, false)
+		o, _, err := s.newObject(item)
 		if err != nil {
 			return err
 		}
@@ -248,6 +269,9 @@ func (s *Store) Replace(items []any, resourceVersion string) error {
 	s.mu.Lock()
 	s.objects, s.sorted = objects, nil
 	s.replaces++
+	// The events since the last list are not known: a new window starts
+	// at the list, and the watches of the old one end.
+	s.hist.reset(rv, true)
 	if rv != s.rv || !s.synced {
 		s.rv, s.synced = rv, true
 		close(s.rvChanged)
@@ -345,6 +369,12 @@ func (s *Store) sortedSnapshot() ([]*Object, uint64) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.sortedLocked(), s.rv
+}
+
+// sortedLocked returns every object in key order; s.mu must be held for
+// writing.
+func (s *Store) sortedLocked() []*Object {
 	if s.sorted == nil {
 		sorted := make([]*Object, 0, len(s.objects))
 		for _, o := range s.objects {
@@ -354,7 +384,7 @@ func (s *Store) sortedSnapshot() ([]*Object, uint64) {
 		slices.SortFunc(sorted, func(a, b *Object) int { return strings.Compare(a.key, b.key) })
 		s.sorted = sorted
 	}
-	return s.sorted, s.rv
+	return s.sorted
 }
 
 // ErrStoreClosed is returned by WaitForResourceVersion once the Store's

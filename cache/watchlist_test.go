@@ -17,7 +17,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -190,45 +189,29 @@ func summarize(evs []watch.Event) []string {
 
 // TestWatchListFromCache: a client-go watch-list gets the cached objects
 // as ADDED events, the initial-events-end bookmark at the cache's RV, and
-// then the events of an upstream watch opened from that RV with the
-// client's credentials and selectors and without initial events; in JSON
-// and in protobuf.
+// then the Store's events and a periodic bookmark, all from the cache:
+// nothing goes upstream; in JSON and in protobuf.
 func TestWatchListFromCache(t *testing.T) {
+	fastBookmarks(t, 200*time.Millisecond)
 	for _, ct := range []string{runtime.ContentTypeJSON, runtime.ContentTypeProtobuf} {
 		t.Run(ct, func(t *testing.T) {
-			up := &fakeUpstream{}
-			up.respond = func(w http.ResponseWriter, r *http.Request) {
-				writeWatch(t, w, r,
-					watch.Event{Type: watch.Modified, Object: wlPod("b", "101")},
-					watch.Event{Type: watch.Bookmark, Object: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "102"}}})
-			}
-			_, cfg := testCache(t, up, wlPod("b", "90"), wlPod("a", "80"))
+			up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+			c, cfg := testCache(t, up, wlPod("b", "90"), wlPod("a", "80"))
 			cfg.ContentType = ct
 			client := kubernetes.NewForConfigOrDie(cfg)
 			w, err := client.CoreV1().Pods("").Watch(context.Background(), watchListOptions(""))
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := summarize(collect(t, w))
+			defer w.Stop()
+			st := c.resources[0].current.Load().store
+			got := summarize(next(t, w, 3))
+			mustDo(t, st.Update(wlPod("b", "101")))
+			st.UpdateResourceVersion("102")
+			got = append(got, summarize(next(t, w, 2))...)
 			want := []string{"ADDED a@80", "ADDED b@90", "BOOKMARK @100 initial-events-end", "MODIFIED b@101", "BOOKMARK @102"}
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("events (-want +got):\n%s", diff)
-			}
-			reqs := up.got()
-			if len(reqs) != 1 {
-				t.Fatalf("upstream got %d requests, want 1", len(reqs))
-			}
-			q := reqs[0].URL.Query()
-			wantQ := url.Values{"watch": {"true"}, "resourceVersion": {"100"}, "allowWatchBookmarks": {"true"},
-				"fieldSelector": {"spec.nodeName=node-a"}}
-			if to := q.Get("timeoutSeconds"); to != "" {
-				wantQ.Set("timeoutSeconds", to)
-			}
-			if diff := cmp.Diff(wantQ, q); diff != "" {
-				t.Errorf("upstream query (-want +got):\n%s", diff)
-			}
-			if got := reqs[0].Header.Get("Authorization"); got != "Bearer token-a" {
-				t.Errorf("upstream Authorization = %q, want the client's", got)
 			}
 		})
 	}
@@ -236,88 +219,31 @@ func TestWatchListFromCache(t *testing.T) {
 
 // TestLegacyWatchWithoutBookmarks: a legacy watch from "0" that asks for no
 // bookmarks (sendInitialEvents is defaulted on) gets the ADDED events and
-// the upstream's events, and no BOOKMARK at all, as from kube-apiserver;
-// its continuation does not ask upstream for bookmarks either. With
+// the Store's events, and no BOOKMARK at all, as from kube-apiserver. With
 // allowWatchBookmarks it gets the initial-events-end bookmark.
 func TestLegacyWatchWithoutBookmarks(t *testing.T) {
 	for _, bookmarks := range []bool{false, true} {
 		t.Run(strconv.FormatBool(bookmarks), func(t *testing.T) {
-			up := &fakeUpstream{}
-			up.respond = func(w http.ResponseWriter, r *http.Request) {
-				writeWatch(t, w, r, watch.Event{Type: watch.Modified, Object: wlPod("a", "101")})
-			}
-			_, cfg := testCache(t, up, wlPod("a", "80"))
+			up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+			c, cfg := testCache(t, up, wlPod("a", "80"))
 			client := kubernetes.NewForConfigOrDie(cfg)
 			w, err := client.CoreV1().Pods("").Watch(context.Background(), metav1.ListOptions{
 				FieldSelector: "spec.nodeName=node-a", ResourceVersion: "0", AllowWatchBookmarks: bookmarks})
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := summarize(collect(t, w))
+			defer w.Stop()
 			want := []string{"ADDED a@80", "MODIFIED a@101"}
 			if bookmarks {
 				want = []string{"ADDED a@80", "BOOKMARK @100 initial-events-end", "MODIFIED a@101"}
 			}
+			got := summarize(next(t, w, len(want)-1))
+			mustDo(t, c.resources[0].current.Load().store.Update(wlPod("a", "101")))
+			got = append(got, summarize(next(t, w, 1))...)
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("events (-want +got):\n%s", diff)
 			}
-			reqs := up.got()
-			if len(reqs) != 1 {
-				t.Fatalf("upstream got %d requests, want 1 continuation", len(reqs))
-			}
-			if got := reqs[0].URL.Query().Has("allowWatchBookmarks"); got != bookmarks {
-				t.Errorf("continuation asks for bookmarks: %v, want %v", got, bookmarks)
-			}
 		})
-	}
-}
-
-// TestWatchListUpstreamRefuses: when the upstream watch fails, the stream
-// ends the way a direct one would: a 200 stream's ERROR event (410 Gone)
-// is relayed as is, and a refused request's Status becomes the ERROR
-// event.
-func TestWatchListUpstreamRefuses(t *testing.T) {
-	gone := apierrors.NewResourceExpired("too old resource version: 100 (150)")
-	forbidden := apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errForTest("no"))
-	for _, tc := range []struct {
-		name    string
-		respond func(t *testing.T, w http.ResponseWriter, r *http.Request)
-		want    string
-	}{{
-		name: "410 event",
-		respond: func(t *testing.T, w http.ResponseWriter, r *http.Request) {
-			writeWatch(t, w, r, watch.Event{Type: watch.Error, Object: &gone.ErrStatus})
-		},
-		want: "ERROR 410 Expired",
-	}, {
-		name: "403 answer",
-		respond: func(t *testing.T, w http.ResponseWriter, r *http.Request) {
-			writeStatus(w, r, forbidden)
-		},
-		want: "ERROR 403 Forbidden",
-	}, {
-		name: "503 answer",
-		respond: func(t *testing.T, w http.ResponseWriter, r *http.Request) {
-			writeStatus(w, r, apierrors.NewServiceUnavailable("the node-local API proxy could not reach kube-apiserver"))
-		},
-		want: "ERROR 503 ServiceUnavailable",
-	}} {
-		for _, ct := range []string{runtime.ContentTypeJSON, runtime.ContentTypeProtobuf} {
-			t.Run(tc.name+"/"+ct, func(t *testing.T) {
-				up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { tc.respond(t, w, r) }}
-				_, cfg := testCache(t, up, wlPod("a", "80"))
-				cfg.ContentType = ct
-				w, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("").Watch(context.Background(), watchListOptions("0"))
-				if err != nil {
-					t.Fatal(err)
-				}
-				got := summarize(collect(t, w))
-				want := []string{"ADDED a@80", "BOOKMARK @100 initial-events-end", tc.want}
-				if diff := cmp.Diff(want, got); diff != "" {
-					t.Errorf("events (-want +got):\n%s", diff)
-				}
-			})
-		}
 	}
 }
 
@@ -326,23 +252,20 @@ type errForTest string
 func (e errForTest) Error() string { return string(e) }
 
 // TestWatchForwarded: the watches the cache does not answer go upstream
-// unchanged: plain watches, sendInitialEvents=false, a watch of one named
-// object, a resourceVersion the cache does not reach in time, and a scope
-// the cache does not hold.
+// unchanged: a watch-list from a resourceVersion the cache does not reach
+// in time, a scope the cache does not hold, and the deprecated path form
+// of a watch of one object.
 func TestWatchForwarded(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		path  string
 		query url.Values
 	}{
-		{"plain watch", "/api/v1/pods", url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"}, "resourceVersion": {"5"}}},
-		{"sendInitialEvents=false", "/api/v1/pods", url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"},
-			"sendInitialEvents": {"false"}, "resourceVersionMatch": {"NotOlderThan"}, "resourceVersion": {"5"}}},
 		{"resourceVersion too new", "/api/v1/pods", url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"},
 			"sendInitialEvents": {"true"}, "allowWatchBookmarks": {"true"}, "resourceVersionMatch": {"NotOlderThan"}, "resourceVersion": {"500"}}},
 		{"other node", "/api/v1/pods", url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-b"},
 			"sendInitialEvents": {"true"}, "allowWatchBookmarks": {"true"}, "resourceVersionMatch": {"NotOlderThan"}}},
-		{"named object", "/api/v1/watch/namespaces/ns/pods/a", url.Values{"fieldSelector": {"spec.nodeName=node-a"},
+		{"named object by path", "/api/v1/watch/namespaces/ns/pods/a", url.Values{"fieldSelector": {"spec.nodeName=node-a"},
 			"sendInitialEvents": {"true"}, "allowWatchBookmarks": {"true"}, "resourceVersionMatch": {"NotOlderThan"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -365,16 +288,10 @@ func TestWatchForwarded(t *testing.T) {
 	}
 }
 
-// TestWatchListEndsWithContext: a watch-list ends when its request's
-// context does (the agent drains, or the client leaves), also while the
-// upstream watch is open.
+// TestWatchListEndsWithContext: a watch served from the cache ends when its
+// request's context does (the agent drains, or the client leaves).
 func TestWatchListEndsWithContext(t *testing.T) {
-	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", runtime.ContentTypeJSON)
-		w.WriteHeader(http.StatusOK)
-		http.NewResponseController(w).Flush()
-		<-r.Context().Done()
-	}}
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, _ := testCache(t, up, wlPod("a", "80"))
 	ctx, cancel := context.WithCancel(context.Background())
 	req := httptest.NewRequest(http.MethodGet, "/api/v1/pods?"+url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"},
@@ -409,9 +326,7 @@ func TestWatchListSlowReader(t *testing.T) {
 	initialEventsWriteTimeout = 300 * time.Millisecond
 	t.Cleanup(func() { initialEventsWriteTimeout = old })
 
-	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) {
-		t.Error("the continuation started although the client read nothing")
-	}}
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	big := strings.Repeat("x", 16<<10)
 	var pods []*corev1.Pod
 	for i := range 1000 {
@@ -459,7 +374,7 @@ func TestWatchListSlowReader(t *testing.T) {
 // answered with kube-apiserver's shapes, read by client-go's metadata
 // client; JSON lists match the serializer's encoding of the whole list.
 func TestMetadataFromCache(t *testing.T) {
-	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { writeWatch(t, w, r) }}
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, cfg := testCache(t, up, wlPod("b", "90"), wlPod("a", "80"))
 	mc := metadata.NewForConfigOrDie(cfg).Resource(schema.GroupVersionResource{Version: "v1", Resource: "pods"})
 	ctx := context.Background()
@@ -485,15 +400,17 @@ func TestMetadataFromCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs := collect(t, w)
-	if diff := cmp.Diff([]string{"ADDED a@80", "ADDED b@90", "BOOKMARK @100 initial-events-end"}, summarize(evs)); diff != "" {
+	evs := next(t, w, 3)
+	mustDo(t, c.resources[0].current.Load().store.Update(wlPod("b", "101")))
+	evs = append(evs, next(t, w, 1)...)
+	w.Stop()
+	if diff := cmp.Diff([]string{"ADDED a@80", "ADDED b@90", "BOOKMARK @100 initial-events-end", "MODIFIED b@101"}, summarize(evs)); diff != "" {
 		t.Errorf("watch-list (-want +got):\n%s", diff)
 	}
-	if _, ok := evs[0].Object.(*metav1.PartialObjectMetadata); !ok {
-		t.Errorf("watch-list object is %T, want PartialObjectMetadata", evs[0].Object)
-	}
-	if got := up.got()[0].Header.Get("Accept"); got != "application/vnd.kubernetes.protobuf;as=PartialObjectMetadata;g=meta.k8s.io;v=v1" {
-		t.Errorf("continuation Accept = %q", got)
+	for _, ev := range evs {
+		if _, ok := ev.Object.(*metav1.PartialObjectMetadata); !ok {
+			t.Errorf("%s object is %T, want PartialObjectMetadata", ev.Type, ev.Object)
+		}
 	}
 
 	// The JSON get is the serializer's encoding of the PartialObjectMetadata.
@@ -517,7 +434,7 @@ func TestMetadataFromCache(t *testing.T) {
 		objs, rv := res.store.Snapshot(Predicate{})
 		objs = objs[:n]
 		b := body2bytes(t, func() (*body, error) { return res.encoder.metadataList(mediaJSON, objs, rv) })
-		ref := &metav1.PartialObjectMetadataList{ListMeta: metav1.ListMeta{ResourceVersion: "100"}}
+		ref := &metav1.PartialObjectMetadataList{ListMeta: metav1.ListMeta{ResourceVersion: strconv.FormatUint(rv, 10)}}
 		ref.SetGroupVersionKind(metadataListGVK)
 		for _, o := range objs {
 			obj, err := o.Decoded()

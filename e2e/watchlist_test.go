@@ -419,21 +419,32 @@ func TestWatchListInformers(t *testing.T) {
 	if err := agent.WaitReady(ctx); err != nil {
 		t.Fatalf("agent not ready after the restart: %v", err)
 	}
-	// Then a watch-list through the agent ended as the direct one did.
-	var ends [2]streamEnd
-	for i, ch := range []<-chan streamEnd{agentEnd, directEnd} {
-		select {
-		case ends[i] = <-ch:
-		case <-time.After(time.Minute):
-			t.Fatalf("a watch-list did not end when the apiservers restarted")
+	// Then the direct watch-list ended. The one through the agent ends
+	// only if the agent's own watch had to relist (the restarted
+	// apiserver no longer had its resourceVersion), and then without an
+	// ERROR event, as kube-apiserver ends its watchers when its cache
+	// relists; if the agent's watch resumed on the other instance, it goes
+	// on. Either way it saw its initial events first.
+	var directEndAt streamEnd
+	select {
+	case directEndAt = <-directEnd:
+	case <-time.After(time.Minute):
+		t.Fatalf("the direct watch-list did not end when the apiservers restarted")
+	}
+	select {
+	case end := <-agentEnd:
+		figuref(t, "watch-list ends: through the agent %+v (the agent's watch relisted); direct %+v", end, directEndAt)
+		if !end.bookmark {
+			t.Errorf("the watch-list through the agent ended before its initial-events-end bookmark")
 		}
+		if end.errorEvent != "" {
+			t.Errorf("the watch-list through the agent ended with an ERROR event %q", end.errorEvent)
+		}
+	case <-time.After(5 * time.Second):
+		figuref(t, "watch-list ends: through the agent still open (the agent's watch resumed); direct %+v", directEndAt)
 	}
-	figuref(t, "watch-list ends: through the agent %+v; direct %+v", ends[0], ends[1])
-	if !ends[0].bookmark || !ends[1].bookmark {
-		t.Errorf("a watch-list ended before its initial-events-end bookmark")
-	}
-	if ends[0].errorEvent != ends[1].errorEvent {
-		t.Errorf("ERROR events differ: through the agent %q, direct %q", ends[0].errorEvent, ends[1].errorEvent)
+	if !directEndAt.bookmark {
+		t.Errorf("the direct watch-list ended before its initial-events-end bookmark")
 	}
 	churn(t, ctx, c, dc, "after", 90)
 	figuref(t, "after the apiserver restarts, informers converged in %s", waitConverged(t, ctx, c, dc, wl, lw).Round(time.Millisecond))

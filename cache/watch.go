@@ -1,0 +1,289 @@
+package cache
+
+import (
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/klog/v2"
+)
+
+// Watches of a cached scope are served from the Store's event history
+// (history.go), as kube-apiserver's cacher serves them from its watch
+// cache: the initial events (a watch-list, or a legacy watch from "0" or
+// unset) from a snapshot, then every event after it that the watch's
+// selectors see, converted as the cacher converts them, with periodic
+// bookmarks for clients that accept them. The upstream sees one watch per
+// resource however many clients watch it.
+
+// Timing of served watches, as kube-apiserver's.
+var (
+	// bookmarkFrequency is how often a watch that accepts bookmarks gets
+	// one (kube-apiserver's cacher: once a minute, and shortly before the
+	// watch times out).
+	bookmarkFrequency = time.Minute
+	// bookmarkBeforeTimeout is how long before its timeout a watch gets
+	// its last bookmark.
+	bookmarkBeforeTimeout = 2 * time.Second
+	// minRequestTimeout is kube-apiserver's --min-request-timeout default:
+	// a watch without timeoutSeconds ends after a random time between it
+	// and twice it.
+	minRequestTimeout = 1800 * time.Second
+	// watchWriteTimeout bounds each write of a served watch once its
+	// initial events are sent. Clients are on this node: one that reads
+	// nothing for this long while events wait for it is stuck, and its
+	// watch is ended, as kube-apiserver's cacher ends a watcher whose
+	// buffer stays full. It re-watches from the last RV it got.
+	watchWriteTimeout = 10 * time.Second
+)
+
+// watchBatch is how many events a watch takes from the history at once;
+// its memory is these pointers, its writer's buffer and the event being
+// encoded, however far behind it is.
+const watchBatch = 64
+
+// Why a served watch ended, for metrics.
+const (
+	endClient   = "client"
+	endTimeout  = "timeout"
+	endRelisted = "relisted"
+	endSlow     = "slow"
+	endStopped  = "informer-stopped"
+	endTooOld   = "too-old"
+)
+
+// serveWatch answers a watch from the cache: p's initial events if it
+// asks for them, else from p.minRV (a resourceVersion N) or from the
+// Store's current RV ("0" or unset); then the events after that RV until
+// the client goes away, the request's context ends (the agent drains),
+// the timeout passes, the client falls behind the event window or stops
+// reading, or the Store relists or stops.
+func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
+	start := time.Now()
+	res := p.res
+	st := res.store
+	logger := klog.FromContext(r.Context())
+	ww, err := newWatchWriter(w, p.media)
+	if err != nil {
+		c.encodingFailed(w, r, res, err)
+		return
+	}
+	var objs []*Object
+	var from uint64
+	var cur cursor
+	switch {
+	case p.initialEvents:
+		var all []*Object
+		all, from, cur = st.snapshotForWatch()
+		objs = make([]*Object, 0, len(all))
+		for _, o := range all {
+			if p.pred.matches(st.attrs, o) {
+				objs = append(objs, o)
+			}
+		}
+	case p.fromRV:
+		from = p.minRV
+		if cur, err = st.watchFrom(from); err != nil {
+			// kube-apiserver answers a watch it has authorized and whose
+			// resourceVersion it parsed with a stream holding one ERROR
+			// event, not with an HTTP error.
+			c.metrics.watchEnded(res.label, endTooOld)
+			b, encErr := embed(p.media, statusOf(err), res.encoder)
+			if encErr != nil {
+				c.encodingFailed(w, r, res, encErr)
+				return
+			}
+			ww.start()
+			_ = ww.event(watch.Error, b)
+			ww.flush()
+			return
+		}
+	default:
+		_, from, cur = st.snapshotForWatch()
+	}
+	// Encode every initial object before writing anything, so an
+	// encoding error is still an HTTP error. The encodings are kept with
+	// the objects; each event is framed from them only as it is written.
+	for _, o := range objs {
+		if err := c.prepareEvent(p, o); err != nil {
+			c.encodingFailed(w, r, res, err)
+			return
+		}
+	}
+	var initialEnd []byte
+	if p.initialEvents && p.bookmarks {
+		if initialEnd, err = c.bookmarkObject(p, from, true); err != nil {
+			c.encodingFailed(w, r, res, err)
+			return
+		}
+	}
+
+	done := c.metrics.watchStarted(res)
+	reason := endClient
+	defer func() { done(reason) }()
+	ww.start()
+	for _, o := range objs {
+		b, err := c.eventObject(p, o)
+		if err != nil {
+			return
+		}
+		if err := ww.event(watch.Added, b); err != nil {
+			return
+		}
+	}
+	if initialEnd != nil {
+		// As kube-apiserver's watch cache: the initial-events-end bookmark
+		// only for clients that accept bookmarks. A legacy watch from "0"
+		// or "" (sendInitialEvents defaulted to true) without them gets
+		// the ADDED events alone.
+		if err := ww.event(watch.Bookmark, initialEnd); err != nil {
+			return
+		}
+	}
+	ww.flush()
+	ww.out.timeout = watchWriteTimeout
+	logger.V(4).Info("Serving a watch from the cache", "resource", res.label, "initialEvents", len(objs), "resourceVersion", from)
+	objs = nil
+
+	timeout := p.timeout
+	if timeout <= 0 {
+		timeout = time.Duration(float64(minRequestTimeout) * (1 + rand.Float64()))
+	}
+	deadline := start.Add(timeout)
+	end := time.NewTimer(time.Until(deadline))
+	defer end.Stop()
+	var bookmarks <-chan time.Time
+	var bookmarkTimer *time.Timer
+	nextBookmark := func() {
+		at := time.Now().Add(bookmarkFrequency)
+		if pre := deadline.Add(-bookmarkBeforeTimeout); pre.Before(at) {
+			at = pre
+		}
+		if d := time.Until(at); d > 0 {
+			bookmarkTimer.Reset(d)
+		}
+	}
+	if p.bookmarks {
+		bookmarkTimer = time.NewTimer(time.Hour)
+		defer bookmarkTimer.Stop()
+		bookmarks = bookmarkTimer.C
+		nextBookmark()
+	}
+	bookmarkDue := false
+	// sent is the RV of the last event or bookmark sent.
+	sent := from
+	buf := make([]*event, 0, watchBatch)
+	for {
+		evs, next, storeRV, changed, state := st.next(cur, buf[:0], watchBatch)
+		switch state {
+		case cursorReplaced:
+			reason = endRelisted
+			return
+		case cursorBehind:
+			reason = endSlow
+			logger.V(2).Info("Ended a watch that fell behind the event window", "resource", res.label, "resourceVersion", sent)
+			return
+		case cursorClosed:
+			reason = endStopped
+			return
+		}
+		cur = next
+		for _, e := range evs {
+			if e.rv <= from {
+				// A watch from an RV the Store has not reached yet.
+				continue
+			}
+			t, o, err := c.convert(p, e)
+			if err != nil {
+				logger.Error(err, "Encoding a watch event failed", "resource", res.label)
+				return
+			}
+			if o == nil {
+				continue
+			}
+			b, err := c.eventObject(p, o)
+			if err != nil {
+				logger.Error(err, "Encoding a watch event failed", "resource", res.label)
+				return
+			}
+			if err := ww.event(t, b); err != nil {
+				reason = writeEndReason(err)
+				return
+			}
+			c.metrics.eventSent(res.label)
+			sent = e.rv
+		}
+		if len(evs) == watchBatch {
+			continue
+		}
+		// Caught up: every event up to storeRV has been seen.
+		if bookmarkDue && storeRV > sent {
+			b, err := c.bookmarkObject(p, storeRV, false)
+			if err != nil {
+				return
+			}
+			if err := ww.event(watch.Bookmark, b); err != nil {
+				reason = writeEndReason(err)
+				return
+			}
+			sent = storeRV
+		}
+		if bookmarkDue {
+			bookmarkDue = false
+			nextBookmark()
+		}
+		if err := ww.flushErr(); err != nil {
+			reason = writeEndReason(err)
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-end.C:
+			reason = endTimeout
+			return
+		case <-bookmarks:
+			bookmarkDue = true
+		case <-changed:
+		}
+	}
+}
+
+// writeEndReason is why a watch whose write failed ended: a write that
+// timed out is a client that stopped reading.
+func writeEndReason(err error) string {
+	if isTimeout(err) {
+		return endSlow
+	}
+	return endClient
+}
+
+// convert is e as p's watch sees it, as kube-apiserver's cacher converts
+// an event for a watcher: ADDED when the object enters the watch's
+// selectors, MODIFIED while it stays in them, DELETED when it leaves them
+// (the previous state, at the event's resourceVersion) or is deleted
+// while in them; a nil object when the watch does not see e.
+func (c *Cache) convert(p *plan, e *event) (watch.EventType, *Object, error) {
+	st := p.res.store
+	if e.typ == watch.Deleted {
+		// The upstream watch sent the deleted object as kube-apiserver
+		// sends it: its last state at the deletion's resourceVersion.
+		if p.pred.matches(st.attrs, e.obj) {
+			return watch.Deleted, e.obj, nil
+		}
+		return "", nil, nil
+	}
+	now := p.pred.matches(st.attrs, e.obj)
+	before := e.prev != nil && p.pred.matches(st.attrs, e.prev)
+	switch {
+	case now && before:
+		return watch.Modified, e.obj, nil
+	case now:
+		return watch.Added, e.obj, nil
+	case before:
+		o, err := st.deletedAt(e)
+		return watch.Deleted, o, err
+	}
+	return "", nil, nil
+}

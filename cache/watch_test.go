@@ -1,0 +1,337 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+)
+
+func mustDo(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fastBookmarks makes served watches get a bookmark every d.
+func fastBookmarks(t *testing.T, d time.Duration) {
+	old := bookmarkFrequency
+	bookmarkFrequency = d
+	t.Cleanup(func() { bookmarkFrequency = old })
+}
+
+// next reads n events, failing after a few seconds without them.
+func next(t *testing.T, w watch.Interface, n int) []watch.Event {
+	t.Helper()
+	var out []watch.Event
+	timeout := time.After(5 * time.Second)
+	for len(out) < n {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatalf("watch ended after %v, want %d events", summarize(out), n)
+			}
+			out = append(out, ev)
+		case <-timeout:
+			t.Fatalf("got %v, want %d events", summarize(out), n)
+		}
+	}
+	return out
+}
+
+// labeled is a pod of node-a with label app=v.
+func labeled(name, rv, app string) *corev1.Pod {
+	p := wlPod(name, rv)
+	p.Labels = map[string]string{"app": app}
+	return p
+}
+
+// TestWatchFormsFromHistory: every watch form is served from the Store's
+// history with kube-apiserver's cacher semantics. Given a Store at RV 100
+// holding a (app=x) and b (app=y), and a change history made after the
+// watch starts (or before, for a watch from an earlier RV), each form gets
+// exactly the events kube-apiserver would send it: the events after its
+// RV, converted for its selectors (an object entering them is ADDED,
+// leaving them DELETED with its previous state at the event's RV).
+func TestWatchFormsFromHistory(t *testing.T) {
+	fastBookmarks(t, time.Hour)
+	changes := func(t *testing.T, st *Store) {
+		mustDo(t, st.Update(labeled("a", "101", "y"))) // a leaves app=x
+		mustDo(t, st.Update(labeled("b", "102", "x"))) // b enters app=x
+		mustDo(t, st.Add(labeled("c", "103", "x")))    // c is created in app=x
+		mustDo(t, st.Update(labeled("c", "104", "x"))) // c stays in app=x
+		mustDo(t, st.Delete(labeled("b", "105", "x"))) // b is deleted in app=x
+		mustDo(t, st.Delete(labeled("a", "106", "y"))) // a is deleted outside app=x
+	}
+	all := []string{"MODIFIED a@101", "MODIFIED b@102", "ADDED c@103", "MODIFIED c@104", "DELETED b@105", "DELETED a@106"}
+	for _, tc := range []struct {
+		name string
+		opts metav1.ListOptions
+		// before: the changes are made before the watch starts.
+		before bool
+		want   []string
+	}{{
+		name: "from now (sendInitialEvents=false, resourceVersion 0)",
+		opts: metav1.ListOptions{ResourceVersion: "0", SendInitialEvents: ptr.To(false), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan},
+		want: all,
+	}, {
+		name: "from now (sendInitialEvents=false, consistent)",
+		opts: metav1.ListOptions{SendInitialEvents: ptr.To(false), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan},
+		want: all,
+	}, {
+		name:   "from a resourceVersion in the window",
+		opts:   metav1.ListOptions{ResourceVersion: "102"},
+		before: true,
+		want:   all[2:],
+	}, {
+		name:   "from the window's floor",
+		opts:   metav1.ListOptions{ResourceVersion: "100"},
+		before: true,
+		want:   all,
+	}, {
+		name: "from a resourceVersion the cache has not reached",
+		opts: metav1.ListOptions{ResourceVersion: "103"},
+		want: all[3:],
+	}, {
+		name: "label selector",
+		opts: metav1.ListOptions{ResourceVersion: "100", LabelSelector: "app=x"},
+		want: []string{"DELETED a@101", "ADDED b@102", "ADDED c@103", "MODIFIED c@104", "DELETED b@105"},
+	}, {
+		name: "one object by name",
+		opts: metav1.ListOptions{ResourceVersion: "100", FieldSelector: "spec.nodeName=node-a,metadata.name=b"},
+		want: []string{"MODIFIED b@102", "DELETED b@105"},
+	}, {
+		name: "one namespace",
+		opts: metav1.ListOptions{ResourceVersion: "100", FieldSelector: "metadata.namespace=other,spec.nodeName=node-a"},
+		want: nil,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+			c, cfg := testCache(t, up, labeled("a", "80", "x"), labeled("b", "90", "y"))
+			st := c.resources[0].current.Load().store
+			if tc.before {
+				changes(t, st)
+			}
+			opts := tc.opts
+			if opts.FieldSelector == "" {
+				opts.FieldSelector = "spec.nodeName=node-a"
+			}
+			w, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("").Watch(context.Background(), opts)
+			mustDo(t, err)
+			defer w.Stop()
+			if !tc.before {
+				// The watch is registered once its response has begun.
+				waitWatchers(t, c, 1)
+				changes(t, st)
+			}
+			got := summarize(next(t, w, len(tc.want)))
+			select {
+			case ev := <-w.ResultChan():
+				t.Errorf("unexpected event %v after %v", summarize([]watch.Event{ev}), got)
+			case <-time.After(200 * time.Millisecond):
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// waitWatchers waits until the cache serves n watches.
+func waitWatchers(t *testing.T, c *Cache, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.resources[0].watchers.Load() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d watches served, want %d", c.resources[0].watchers.Load(), n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestWatchLeavingSelectorGetsPreviousState: an object that leaves a
+// watch's label selector is sent as DELETED with the state the watch last
+// saw (its old labels), at the resourceVersion of the change, as
+// kube-apiserver's cacher sends it.
+func TestWatchLeavingSelectorGetsPreviousState(t *testing.T) {
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	c, cfg := testCache(t, up, labeled("a", "80", "x"))
+	st := c.resources[0].current.Load().store
+	mustDo(t, st.Update(labeled("a", "101", "y")))
+	w, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("").Watch(context.Background(),
+		metav1.ListOptions{ResourceVersion: "100", LabelSelector: "app=x", FieldSelector: "spec.nodeName=node-a"})
+	mustDo(t, err)
+	defer w.Stop()
+	ev := next(t, w, 1)[0]
+	p := ev.Object.(*corev1.Pod)
+	if ev.Type != watch.Deleted || p.ResourceVersion != "101" || p.Labels["app"] != "x" {
+		t.Errorf("got %s %s@%s labels %v, want DELETED a@101 with app=x", ev.Type, p.Name, p.ResourceVersion, p.Labels)
+	}
+}
+
+// TestWatchTooOld: a watch from a resourceVersion older than the window's
+// floor gets kube-apiserver's answer: a 200 stream with one ERROR event,
+// 410 Expired "too old resource version: N (floor)"; the window's floor
+// moves up as events are evicted.
+func TestWatchTooOld(t *testing.T) {
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	c, cfg := testCache(t, up, wlPod("a", "80"))
+	st := c.resources[0].current.Load().store
+	st.mu.Lock()
+	st.hist.maxEvents = 2
+	st.mu.Unlock()
+	for rv := 101; rv <= 104; rv++ {
+		mustDo(t, st.Update(wlPod("a", fmt.Sprint(rv))))
+	}
+	if h := st.History(); h.Events != 2 || h.Floor != 102 {
+		t.Fatalf("window %+v, want 2 events above 102", h)
+	}
+	client := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("")
+	w, err := client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "101", FieldSelector: "spec.nodeName=node-a"})
+	mustDo(t, err)
+	evs := collect(t, w)
+	if got := summarize(evs); !cmp.Equal(got, []string{"ERROR 410 Expired"}) {
+		t.Fatalf("events %v, want one ERROR 410 Expired", got)
+	}
+	if msg := evs[0].Object.(*metav1.Status).Message; msg != "too old resource version: 101 (102)" {
+		t.Errorf("message %q", msg)
+	}
+	w, err = client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "102", FieldSelector: "spec.nodeName=node-a"})
+	mustDo(t, err)
+	defer w.Stop()
+	if got := summarize(next(t, w, 2)); !cmp.Equal(got, []string{"MODIFIED a@103", "MODIFIED a@104"}) {
+		t.Errorf("events from the floor %v", got)
+	}
+}
+
+// TestWatchEndsOnRelist: when the Store relists (its own watch broke past
+// repair), the watches it serves end without an ERROR event, as
+// kube-apiserver's cacher ends its watchers; a client watching again from
+// its last RV, now before the new window, gets 410 and relists.
+func TestWatchEndsOnRelist(t *testing.T) {
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	c, cfg := testCache(t, up, wlPod("a", "80"))
+	st := c.resources[0].current.Load().store
+	client := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("")
+	w, err := client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "100", FieldSelector: "spec.nodeName=node-a"})
+	mustDo(t, err)
+	waitWatchers(t, c, 1)
+	mustDo(t, st.Update(wlPod("a", "101")))
+	mustDo(t, st.Replace([]any{wlPod("a", "150")}, "200"))
+	// The event before the relist may or may not have been sent when
+	// the relist ended the watch; the stream ends either way.
+	if got := summarize(collect(t, w)); len(got) > 1 || (len(got) == 1 && got[0] != "MODIFIED a@101") {
+		t.Errorf("events %v, want at most the one before the relist, then the end", got)
+	}
+	w, err = client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "101", FieldSelector: "spec.nodeName=node-a"})
+	mustDo(t, err)
+	if got := summarize(collect(t, w)); !cmp.Equal(got, []string{"ERROR 410 Expired"}) {
+		t.Errorf("events %v, want ERROR 410 Expired", got)
+	}
+}
+
+// TestWatchTimeout: timeoutSeconds ends the stream, with a bookmark
+// shortly before for a watch that accepts them (kube-apiserver sends one
+// two seconds before the deadline).
+func TestWatchTimeout(t *testing.T) {
+	old := bookmarkBeforeTimeout
+	bookmarkBeforeTimeout = 500 * time.Millisecond
+	t.Cleanup(func() { bookmarkBeforeTimeout = old })
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	c, cfg := testCache(t, up, wlPod("a", "80"))
+	c.resources[0].current.Load().store.UpdateResourceVersion("120")
+	start := time.Now()
+	w, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("").Watch(context.Background(), metav1.ListOptions{
+		ResourceVersion: "100", FieldSelector: "spec.nodeName=node-a", TimeoutSeconds: ptr.To[int64](1), AllowWatchBookmarks: true})
+	mustDo(t, err)
+	got := summarize(collect(t, w))
+	if took := time.Since(start); took < 900*time.Millisecond || took > 3*time.Second {
+		t.Errorf("the watch ended after %s, want about 1s", took)
+	}
+	if !cmp.Equal(got, []string{"BOOKMARK @120"}) {
+		t.Errorf("events %v, want one bookmark at 120 before the timeout", got)
+	}
+}
+
+// TestSlowWatcherEnded: given 10 watchers, one of which never reads its
+// stream, when events far beyond what its connection buffers flow, then the
+// one is ended once a write has waited watchWriteTimeout, the others get
+// every event, and the writes of the stuck one hold no other back.
+func TestSlowWatcherEnded(t *testing.T) {
+	old := watchWriteTimeout
+	watchWriteTimeout = time.Second
+	t.Cleanup(func() { watchWriteTimeout = old })
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	c, cfg := testCache(t, up, wlPod("a", "80"))
+	st := c.resources[0].current.Load().store
+	st.mu.Lock()
+	st.hist.maxBytes = 64 << 20 // every event stays in the window
+	st.mu.Unlock()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		info, _ := testInfoFactory.NewRequestInfo(req)
+		req = req.WithContext(request.WithRequestInfo(req.Context(), info))
+		c.Handler(up, func(h http.Handler) http.Handler { return h }).ServeHTTP(w, req)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	q := url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"}, "resourceVersion": {"100"}}
+	stuckReq, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/v1/pods?"+q.Encode(), nil)
+	stuckReq.Header.Set("Authorization", "Bearer token-a")
+	stuck, err := srv.Client().Do(stuckReq)
+	mustDo(t, err)
+	defer stuck.Body.Close()
+
+	cfg.Host = srv.URL
+	cfg.TLSClientConfig.Insecure = true
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	client := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("")
+	var readers []watch.Interface
+	for range 9 {
+		w, err := client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "100", FieldSelector: "spec.nodeName=node-a"})
+		mustDo(t, err)
+		defer w.Stop()
+		readers = append(readers, w)
+	}
+	waitWatchers(t, c, 10)
+	big := strings.Repeat("x", 32<<10)
+	const events = 200 // 6.25 MiB, beyond the stuck stream's 4 MiB window
+	go func() {
+		for i := range events {
+			p := wlPod("a", fmt.Sprint(101+i))
+			p.Annotations["big"] = big
+			if err := st.Update(p); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i, w := range readers {
+		if n := len(next(t, w, events)); n != events {
+			t.Fatalf("reader %d got %d events", i, n)
+		}
+	}
+	waitWatchers(t, c, 9)
+	if n, _ := io.Copy(io.Discard, stuck.Body); n >= int64(events*len(big)) {
+		t.Errorf("the stuck client received all %d bytes, want its stream cut short", n)
+	}
+	if got := c.metrics.watchEnds.WithLabelValues("pods", endSlow); testutil.ToFloat64(got) != 1 {
+		t.Errorf("watches ended as slow: %v, want 1", testutil.ToFloat64(got))
+	}
+}
