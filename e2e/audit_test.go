@@ -44,7 +44,7 @@ type auditCase struct {
 	// stream: a watch-list, whose whole stream (initial events and the
 	// events after them) the agent serves from its cache.
 	stream bool
-	code      int
+	code   int
 	// auditIDs are the Audit-Id response headers: through the agent, and
 	// direct.
 	viaAgent, direct string
