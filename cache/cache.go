@@ -138,6 +138,9 @@ type ResourceState struct {
 	ResourceVersion uint64
 	// History is the event window watches are served from.
 	History HistoryStats
+	// Lists counts the running informer's lists: the first, and a relist
+	// each time its watch could not resume from its resourceVersion.
+	Lists uint64
 }
 
 func (c *Cache) state(r *resource) ResourceState {
@@ -149,6 +152,7 @@ func (c *Cache) state(r *resource) ResourceState {
 		s.Objects = inf.store.Len()
 		s.ResourceVersion = inf.store.ResourceVersion()
 		s.History = inf.store.History()
+		s.Lists = inf.store.Replaces()
 	}
 	return s
 }

@@ -111,6 +111,8 @@ var (
 		"1 for the state the resource's informer is in: idle (none runs), starting (not synced yet) or synced.", []string{"resource", "state"}, nil)
 	pinnedDesc = prometheus.NewDesc("kube_apicache_cache_pinned",
 		"1 if the resource's informer always runs, 0 if it runs on demand.", []string{"resource"}, nil)
+	listsDesc = prometheus.NewDesc("kube_apicache_cache_lists",
+		"Lists the resource's running informer made: the first, and a relist each time its watch could not resume (each relist ends the client watches served from the resource).", []string{"resource"}, nil)
 	historyEventsDesc = prometheus.NewDesc("kube_apicache_cache_history_events",
 		"Events in the resource's event window, which watches from a resourceVersion are served from.", []string{"resource"}, nil)
 	historyBytesDesc = prometheus.NewDesc("kube_apicache_cache_history_bytes",
@@ -133,6 +135,7 @@ func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- rvDesc
 	ch <- stateDesc
 	ch <- pinnedDesc
+	ch <- listsDesc
 	ch <- historyEventsDesc
 	ch <- historyBytesDesc
 	ch <- historyAgeDesc
@@ -155,6 +158,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(stateDesc, prometheus.GaugeValue, b(st.State == state), st.Resource, state)
 		}
 		ch <- prometheus.MustNewConstMetric(pinnedDesc, prometheus.GaugeValue, b(st.Pinned), st.Resource)
+		ch <- prometheus.MustNewConstMetric(listsDesc, prometheus.GaugeValue, float64(st.Lists), st.Resource)
 		ch <- prometheus.MustNewConstMetric(historyEventsDesc, prometheus.GaugeValue, float64(st.History.Events), st.Resource)
 		ch <- prometheus.MustNewConstMetric(historyBytesDesc, prometheus.GaugeValue, float64(st.History.Bytes), st.Resource)
 		age := 0.0

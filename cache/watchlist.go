@@ -22,7 +22,6 @@ import (
 
 // Reasons a watch is forwarded.
 const (
-	reasonPlainWatch  = "plain-watch"
 	reasonWatchObject = "watch-single-object"
 )
 

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -455,6 +456,59 @@ func TestWatchListInformers(t *testing.T) {
 		}
 	}
 
+	// When one of the two apiservers is stopped and stays down, then the
+	// agent's watches resume on the other from their resourceVersions and
+	// the informers converge, their watches unbroken.
+	faults := watchFaultCounts(t, ctx, agent)
+	as0 := c.APIServers()[0]
+	c.StopAPIServer(as0)
+	churn(t, ctx, c, dc, "one-down", 120)
+	took := waitConverged(t, ctx, c, dc, wl, lw)
+	d := watchFaultCounts(t, ctx, agent).minus(faults)
+	figuref(t, "one of two apiservers down: informers converged in %s; agent relists %v, client watches ended: %v", took.Round(time.Millisecond), d.lists, d.ends)
+	if err := c.StartAPIServer(ctx, as0); err != nil {
+		t.Fatal(err)
+	}
+
+	// When etcd compacts past every watch's resourceVersion and both
+	// apiservers restart, then the agent relists, the watches it serves
+	// end (their clients watch again, get 410 Gone from its window and
+	// relist from its cache), and the informers converge again.
+	churn(t, ctx, c, dc, "before-compaction", 60)
+	faults = watchFaultCounts(t, ctx, agent)
+	list, err := c.Admin.CoreV1().Services(wlNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev, _ := strconv.ParseUint(list.ResourceVersion, 10, 64)
+	if err := c.CompactEtcd(ctx, rev); err != nil {
+		t.Fatal(err)
+	}
+	for _, as := range c.APIServers() {
+		c.StopAPIServer(as)
+	}
+	for _, as := range c.APIServers() {
+		if err := c.StartAPIServer(ctx, as); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := agent.WaitReady(ctx); err != nil {
+		t.Fatalf("agent not ready after the restart: %v", err)
+	}
+	churn(t, ctx, c, dc, "after-compaction", 120)
+	took = waitConverged(t, ctx, c, dc, wl, lw)
+	d = watchFaultCounts(t, ctx, agent).minus(faults)
+	figuref(t, "etcd compacted at %d and both apiservers restarted: informers converged in %s; agent relists %v, client watches ended: %v, 410s from the window %v",
+		rev, took.Round(time.Millisecond), d.lists, d.ends, d.ends["too-old"])
+	if d.lists == 0 {
+		t.Errorf("the agent did not relist after etcd compacted past its watches and both apiservers restarted")
+	}
+	for _, p := range []*informerProc{wl, lw} {
+		if done := p.cmd.ProcessState; done != nil {
+			t.Errorf("%s exited: %v", p.name, done)
+		}
+	}
+
 	// When the CRD is deleted, then widget requests get kube-apiserver's
 	// answer through the agent too, not a stale cached one.
 	ac := apiextensionsclient.NewForConfigOrDie(c.AdminConfig)
@@ -464,7 +518,7 @@ func TestWatchListInformers(t *testing.T) {
 	}
 	path := "/apis/" + widgetsGVR.Group + "/v1/namespaces/" + wlNS + "/widgets?resourceVersion=0"
 	var got, want rawResponse
-	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		want = direct.do(t, ctx, "GET", path, acceptJSON, uaDirect, nil)
 		got = viaAgent.do(t, ctx, "GET", path, acceptJSON, uaOther, nil)
 		return want.code == 404 && got.code == want.code && string(got.body) == string(want.body), nil
@@ -666,5 +720,33 @@ func watchUntilEnd(t *testing.T, ctx context.Context, c rawClient, path string) 
 		}
 		out <- end
 	}()
+	return out
+}
+
+// watchFaults are the agent's counts of what a broken watch costs: the
+// lists of its informers, and the client watches it served that ended, by
+// reason.
+type watchFaults struct {
+	lists float64
+	ends  map[string]float64
+}
+
+func watchFaultCounts(t *testing.T, ctx context.Context, a *sandbox.Agent) watchFaults {
+	t.Helper()
+	m := scrapeAgent(t, ctx, a)
+	var lists float64
+	for _, s := range m["kube_apicache_cache_lists"] {
+		lists += s.value
+	}
+	return watchFaults{lists: lists, ends: sumBy(m["kube_apicache_cache_watches_ended_total"], "reason")}
+}
+
+func (w watchFaults) minus(before watchFaults) watchFaults {
+	out := watchFaults{lists: w.lists - before.lists, ends: map[string]float64{}}
+	for k, v := range w.ends {
+		if d := v - before.ends[k]; d != 0 {
+			out.ends[k] = d
+		}
+	}
 	return out
 }
