@@ -221,6 +221,13 @@ func (s *Store) snapshotForWatch() ([]*Object, uint64, cursor) {
 	return sorted, s.rv, cursor{seq: s.hist.seq, epoch: s.hist.epoch}
 }
 
+// currentCursor returns the Store's RV and a cursor at the next event.
+func (s *Store) currentCursor() (uint64, cursor) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.rv, cursor{seq: s.hist.seq, epoch: s.hist.epoch}
+}
+
 // next appends to buf up to max events from c on, and returns them with
 // the cursor after them, the Store's RV when read (every event up to it has
 // been returned once the result is empty), a channel closed at the next

@@ -272,11 +272,11 @@ func (s *Store) Replace(items []any, resourceVersion string) error {
 	// The events since the last list are not known: a new window starts
 	// at the list, and the watches of the old one end.
 	s.hist.reset(rv, true)
-	if rv != s.rv || !s.synced {
-		s.rv, s.synced = rv, true
-		close(s.rvChanged)
-		s.rvChanged = make(chan struct{})
-	}
+	// Waiters are woken even if the RV is the same: the watches of the
+	// old window must see that it ended.
+	s.rv, s.synced = rv, true
+	close(s.rvChanged)
+	s.rvChanged = make(chan struct{})
 	s.mu.Unlock()
 	if s.onChange != nil {
 		s.onChange()

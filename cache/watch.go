@@ -100,7 +100,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 			return
 		}
 	default:
-		_, from, cur = st.snapshotForWatch()
+		from, cur = st.currentCursor()
 	}
 	// Encode every initial object before writing anything, so an
 	// encoding error is still an HTTP error. The encodings are kept with
@@ -175,6 +175,9 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 	sent := from
 	buf := make([]*event, 0, watchBatch)
 	for {
+		if r.Context().Err() != nil {
+			return
+		}
 		evs, next, storeRV, changed, state := st.next(cur, buf[:0], watchBatch)
 		switch state {
 		case cursorReplaced:
