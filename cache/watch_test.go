@@ -335,3 +335,36 @@ func TestSlowWatcherEnded(t *testing.T) {
 		t.Errorf("watches ended as slow: %v, want 1", testutil.ToFloat64(got))
 	}
 }
+
+// TestIdleWatchOutlivesWriteTimeout: a watch over HTTP/2 that has nothing
+// to send for longer than the write timeout is not ended: the deadline
+// bounds writes, not silences.
+func TestIdleWatchOutlivesWriteTimeout(t *testing.T) {
+	old := watchWriteTimeout
+	watchWriteTimeout = 200 * time.Millisecond
+	t.Cleanup(func() { watchWriteTimeout = old })
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	c, cfg := testCache(t, up, wlPod("a", "80"))
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		info, _ := testInfoFactory.NewRequestInfo(req)
+		req = req.WithContext(request.WithRequestInfo(req.Context(), info))
+		c.Handler(up, func(h http.Handler) http.Handler { return h }).ServeHTTP(w, req)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	cfg.Host = srv.URL
+	cfg.TLSClientConfig.Insecure = true
+	w, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("").Watch(context.Background(), watchListOptions("0"))
+	mustDo(t, err)
+	defer w.Stop()
+	next(t, w, 2)
+	st := c.resources[0].current.Load().store
+	mustDo(t, st.Update(wlPod("a", "101")))
+	next(t, w, 1)
+	time.Sleep(4 * watchWriteTimeout)
+	mustDo(t, st.Update(wlPod("a", "102")))
+	if got := summarize(next(t, w, 1)); !cmp.Equal(got, []string{"MODIFIED a@102"}) {
+		t.Errorf("after a silence: %v", got)
+	}
+}

@@ -183,27 +183,30 @@ type watchWriter struct {
 // have no deadline, as with kube-apiserver.
 var initialEventsWriteTimeout = 30 * time.Second
 
-// deadlineWriter sets a write deadline before each write while timeout is
-// set; it clears it when timeout is set to zero with stop.
+// deadlineWriter bounds each write with a deadline of timeout, and clears
+// the deadline once the write is done: the deadline is absolute, and left
+// in place it would end a stream that merely has nothing to send for a
+// while (an HTTP/2 stream is reset when its write deadline passes, even
+// with no write pending).
 type deadlineWriter struct {
 	w       http.ResponseWriter
 	timeout time.Duration
 }
 
 func (d *deadlineWriter) Write(b []byte) (int, error) {
-	if d.timeout > 0 {
-		// Not every ResponseWriter supports deadlines (a test recorder);
-		// then writes simply have none.
-		_ = http.NewResponseController(d.w).SetWriteDeadline(time.Now().Add(d.timeout))
+	if d.timeout <= 0 {
+		return d.w.Write(b)
 	}
-	return d.w.Write(b)
-}
-
-func (d *deadlineWriter) stop() {
-	if d.timeout > 0 {
-		d.timeout = 0
-		_ = http.NewResponseController(d.w).SetWriteDeadline(time.Time{})
+	// Not every ResponseWriter supports deadlines (a test recorder); then
+	// writes simply have none.
+	rc := http.NewResponseController(d.w)
+	_ = rc.SetWriteDeadline(time.Now().Add(d.timeout))
+	n, err := d.w.Write(b)
+	if err == nil {
+		err = rc.Flush()
 	}
+	_ = rc.SetWriteDeadline(time.Time{})
+	return n, err
 }
 
 func newWatchWriter(w http.ResponseWriter, m mediaType) (*watchWriter, error) {

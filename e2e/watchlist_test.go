@@ -30,6 +30,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/kube-apicache/kube-apicache/cache"
@@ -459,11 +461,17 @@ func TestWatchListInformers(t *testing.T) {
 	// When one of the two apiservers is stopped and stays down, then the
 	// agent's watches resume on the other from their resourceVersions and
 	// the informers converge, their watches unbroken.
+	// The test's own writes and reads go to the other one meanwhile.
 	faults := watchFaultCounts(t, ctx, agent)
 	as0 := c.APIServers()[0]
+	other := rest.CopyConfig(c.AdminConfig)
+	other.Host = c.APIServers()[1].URL
+	admin := c.Admin
+	c.Admin = kubernetes.NewForConfigOrDie(other)
 	c.StopAPIServer(as0)
-	churn(t, ctx, c, dc, "one-down", 120)
-	took := waitConverged(t, ctx, c, dc, wl, lw)
+	churn(t, ctx, c, dynamic.NewForConfigOrDie(other), "one-down", 120)
+	took := waitConverged(t, ctx, c, dynamic.NewForConfigOrDie(other), wl, lw)
+	c.Admin = admin
 	d := watchFaultCounts(t, ctx, agent).minus(faults)
 	figuref(t, "one of two apiservers down: informers converged in %s; agent relists %v, client watches ended: %v", took.Round(time.Millisecond), d.lists, d.ends)
 	if err := c.StartAPIServer(ctx, as0); err != nil {
