@@ -40,6 +40,9 @@ type dedupe struct {
 
 	mu   sync.Mutex // protects the fields below
 	kept map[string]keptDecision
+	// inFlight counts the reviews being sent, by key: a caller that joins
+	// one sends nothing and spends none of its share of the gate.
+	inFlight map[string]int
 	// keptBytes is the size of kept's keys.
 	keptBytes int
 }
@@ -76,10 +79,34 @@ func (d *dedupe) Authorize(ctx context.Context, attrs authorizer.Attributes) (au
 	if res, ok := d.lookup(key); ok {
 		return res.decision, res.reason, nil
 	}
-	if d.gate != nil && !d.gate.allow(ctx, reviewAccess) {
-		return authorizer.DecisionNoOpinion, "", errThrottled
+	// Only a review that is sent spends the caller's share: an informer
+	// start-up storm asks the same question many times at once.
+	gated := false
+	if d.gate != nil && !d.joining(key) {
+		if !d.gate.allow(ctx, reviewAccess) {
+			return authorizer.DecisionNoOpinion, "", errThrottled
+		}
+		gated = true
 	}
 	v, err, _ := d.group.Do(key, func() (any, error) {
+		if d.gate != nil && !gated && !d.gate.allow(ctx, reviewAccess) {
+			// The review it meant to join had ended: this caller sends
+			// one after all.
+			return decisionResult{decision: authorizer.DecisionNoOpinion}, errThrottled
+		}
+		d.mu.Lock()
+		if d.inFlight == nil {
+			d.inFlight = map[string]int{}
+		}
+		d.inFlight[key]++
+		d.mu.Unlock()
+		defer func() {
+			d.mu.Lock()
+			if d.inFlight[key]--; d.inFlight[key] <= 0 {
+				delete(d.inFlight, key)
+			}
+			d.mu.Unlock()
+		}()
 		start := d.clock()
 		out, _ := ctx.Value(outcomeKey{}).(*reviewOutcome)
 		var before int32
@@ -95,6 +122,13 @@ func (d *dedupe) Authorize(ctx context.Context, attrs authorizer.Attributes) (au
 	})
 	res := v.(decisionResult)
 	return res.decision, res.reason, err
+}
+
+// joining reports whether a review of key is being sent now.
+func (d *dedupe) joining(key string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.inFlight[key] > 0
 }
 
 func (d *dedupe) clock() time.Time {

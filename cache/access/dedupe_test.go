@@ -357,3 +357,43 @@ func TestDecisionKeyBoundaries(t *testing.T) {
 		t.Errorf("the same review has two keys")
 	}
 }
+
+// TestDedupeJoinersSpendNoShare: callers that join a review in flight
+// spend none of their source's share of the gate; only the review sent
+// does. Given a source allowed one review, 30 identical concurrent
+// authorizations all get the decision.
+func TestDedupeJoinersSpendNoShare(t *testing.T) {
+	b := &blockingAuthorizer{release: make(chan struct{})}
+	g := newGate(GateOptions{QPS: 100, Burst: 100, SourceQPS: 0.001, SourceBurst: 1}, NewMetrics())
+	d := &dedupe{Authorizer: b, gate: g}
+	ctx := withSource(context.Background(), "10.0.0.1:1234")
+	errs := make(chan error, 30)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		_, _, err := d.Authorize(ctx, attrsFor("alice"))
+		errs <- err
+	})
+	waitFor(t, func() bool { return b.calls.Load() == 1 })
+	for range 29 {
+		wg.Go(func() {
+			_, _, err := d.Authorize(ctx, attrsFor("alice"))
+			errs <- err
+		})
+	}
+	time.Sleep(50 * time.Millisecond)
+	close(b.release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a caller got %v", err)
+		}
+	}
+	if got := b.calls.Load(); got != 1 {
+		t.Errorf("%d reviews, want 1", got)
+	}
+	// A new review of another question is over the source's share.
+	if _, _, err := d.Authorize(ctx, attrsFor("bob")); !errors.Is(err, errThrottled) {
+		t.Errorf("a second review: %v, want throttled", err)
+	}
+}

@@ -187,6 +187,13 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 		}
 	}
 
+	// and the watch cases: steady churn under many informers, event
+	// latency, and the agent's heap per watcher,
+	watches, err := b.watchCases(ctx, m)
+	if err != nil {
+		return err
+	}
+
 	heap, err := measureHeap(ctx, b)
 	if err != nil {
 		return err
@@ -229,6 +236,7 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	if b.o.storm > 0 {
 		printStorm(b.o.storm, stormAgent, stormDirect)
 	}
+	watches.print()
 	idle.print()
 	sizing, err := b.sizing(ctx)
 	if err != nil {
@@ -317,6 +325,12 @@ func (b *bench) waitCached(ctx context.Context, resource string, want int) error
 // with --profiling), read from its metrics right after. The least of a few
 // samples is kept.
 func (b *bench) agentHeap(ctx context.Context) (uint64, error) {
+	return b.agentMemStat(ctx, "go_memstats_heap_alloc_bytes")
+}
+
+// agentMemStat is agentHeap for another of the agent's go_memstats
+// gauges, e.g. go_memstats_heap_inuse_bytes.
+func (b *bench) agentMemStat(ctx context.Context, name string) (uint64, error) {
 	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: b.c.Node.DialContext, DisableKeepAlives: true}}
 	var least uint64
 	for i := range 3 {
@@ -334,7 +348,7 @@ func (b *bench) agentHeap(ctx context.Context) (uint64, error) {
 		if err != nil {
 			return 0, err
 		}
-		v := uint64(scrape(text, "go_memstats_heap_alloc_bytes")["go_memstats_heap_alloc_bytes"])
+		v := uint64(scrape(text, name)[name])
 		if i == 0 || v < least {
 			least = v
 		}

@@ -10,7 +10,10 @@
 //   - upstream requests per 1,000 client requests (kube-apiserver's audit
 //     log: every request of the client or of the agent);
 //   - heap per cached pod: the agent's cache against a plain client-go typed
-//     informer over the same pods.
+//     informer over the same pods;
+//   - the watch cases (watch.go): kube-apiserver's cost of steady churn
+//     under many informers, event latency, and the agent's heap per
+//     watcher.
 //
 // It asserts nothing: it prints what it measured.
 package main

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/url"
 	"os/exec"
 	"strings"
@@ -35,7 +36,7 @@ func (b *bench) storm(ctx context.Context, m *measurer, n int) (agent, direct st
 	if err := b.grantPodsAndServices(ctx, "bench-informers", "get", "list", "watch"); err != nil {
 		return agent, direct, err
 	}
-	u, err := url.Parse(b.c.APIServers()[0].URL)
+	env, err := b.directEnv()
 	if err != nil {
 		return agent, direct, err
 	}
@@ -56,7 +57,7 @@ func (b *bench) storm(ctx context.Context, m *measurer, n int) (agent, direct st
 			agent.outcomes[k] = d
 		}
 	}
-	direct, err = b.stormOnce(ctx, m, n, []string{"KUBERNETES_SERVICE_HOST=" + u.Hostname(), "KUBERNETES_SERVICE_PORT=" + u.Port()})
+	direct, err = b.stormOnce(ctx, m, n, env)
 	return agent, direct, err
 }
 
@@ -77,40 +78,12 @@ func (b *bench) stormOnce(ctx context.Context, m *measurer, n int, env []string)
 	}
 	cpu0 := m.cpu(m.apiserverPIDs...)
 	start := time.Now()
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var cmds []*exec.Cmd
-	for i := 0; i < n; i++ {
-		cmd := b.client.Command(ctx, b.podclient, "informers", "--timeout=3m", "--protobuf")
-		cmd.Env = append(cmd.Env, env...)
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			return res, err
-		}
-		if err := cmd.Start(); err != nil {
-			return res, err
-		}
-		cmds = append(cmds, cmd)
-		wg.Go(func() {
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				if strings.HasPrefix(sc.Text(), "SYNCED") {
-					mu.Lock()
-					res.synced = max(res.synced, time.Since(start))
-					mu.Unlock()
-					return
-				}
-			}
-			mu.Lock()
-			res.failed++
-			mu.Unlock()
-		})
+	procs, err := b.startInformers(ctx, n, 3*time.Minute, env)
+	if err != nil {
+		return res, err
 	}
-	wg.Wait()
-	for _, cmd := range cmds {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}
+	res.synced, res.failed = procs.wait()
+	procs.stop()
 	time.Sleep(time.Second) // let kube-apiserver account for the closed watches
 	res.apiserverS = m.cpu(m.apiserverPIDs...) - cpu0
 	res.idleS = idleRate * time.Since(start).Seconds()
@@ -120,6 +93,101 @@ func (b *bench) stormOnce(ctx context.Context, m *measurer, n int, env []string)
 	}
 	res.bytes = bytes1 - bytes0
 	return res, nil
+}
+
+// directEnv points in-pod clients straight at kube-apiserver instead of
+// the Service VIP (the agent).
+func (b *bench) directEnv() ([]string, error) {
+	u, err := url.Parse(b.c.APIServers()[0].URL)
+	if err != nil {
+		return nil, err
+	}
+	return []string{"KUBERNETES_SERVICE_HOST=" + u.Hostname(), "KUBERNETES_SERVICE_PORT=" + u.Port()}, nil
+}
+
+// informerProcs are podclient informer processes in the bench client pod,
+// each with client-go's default (watch-list) protobuf informers for the
+// node's pods (typed and metadata-only) and all services, over a
+// connection of its own, as separate programs on a node have them.
+type informerProcs struct {
+	cmds []*exec.Cmd
+	// stdin keeps each process running: it exits when its stdin closes.
+	stdin []io.WriteCloser
+	start time.Time
+	// wg tracks the readers of the processes' output; settled counts
+	// the processes that have not yet synced or exited.
+	wg, settled sync.WaitGroup
+
+	mu     sync.Mutex // protects the fields below
+	synced time.Duration
+	failed int
+}
+
+// startInformers starts n informer processes at once, each ending by
+// itself after timeout; env is added to their environment (directEnv
+// for kube-apiserver, nothing for the agent).
+func (b *bench) startInformers(ctx context.Context, n int, timeout time.Duration, env []string) (*informerProcs, error) {
+	p := &informerProcs{start: time.Now()}
+	for range n {
+		cmd := b.client.Command(ctx, b.podclient, "informers", "--timeout="+timeout.String(), "--protobuf")
+		cmd.Env = append(cmd.Env, env...)
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			p.stop()
+			return nil, err
+		}
+		p.cmds, p.stdin = append(p.cmds, cmd), append(p.stdin, in)
+		p.settled.Add(1)
+		p.wg.Go(func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if strings.HasPrefix(sc.Text(), "SYNCED") {
+					p.mu.Lock()
+					p.synced = max(p.synced, time.Since(p.start))
+					p.mu.Unlock()
+					p.settled.Done()
+					// Read on, so that the process never blocks on its
+					// output.
+					_, _ = io.Copy(io.Discard, out)
+					return
+				}
+			}
+			p.mu.Lock()
+			p.failed++
+			p.mu.Unlock()
+			p.settled.Done()
+		})
+	}
+	return p, nil
+}
+
+// wait returns once every process has synced or exited: how long after
+// the start the last one synced, and how many exited without syncing.
+func (p *informerProcs) wait() (time.Duration, int) {
+	p.settled.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.synced, p.failed
+}
+
+// stop kills the processes and waits for them.
+func (p *informerProcs) stop() {
+	for _, cmd := range p.cmds {
+		_ = cmd.Process.Kill()
+	}
+	p.wg.Wait() // their output ends with them
+	for _, cmd := range p.cmds {
+		_ = cmd.Wait()
+	}
 }
 
 // apiserverBytes sums what kube-apiserver has sent: response bodies
@@ -167,6 +235,24 @@ func labelValue(key, name string) string {
 	return v
 }
 
+// stormCPUTarget is the most kube-apiserver CPU-seconds a storm through
+// the agent may cost, as a fraction of the same storm sent directly.
+const stormCPUTarget = 0.02
+
+// verdict compares agent/direct with a target ratio: "0.013× (target at
+// most 0.02×): meets".
+func verdict(agent, direct, target float64) string {
+	if direct <= 0 {
+		return "no direct cost measured"
+	}
+	r := agent / direct
+	word := "meets"
+	if r > target {
+		word = "misses"
+	}
+	return fmt.Sprintf("%.3f× (target at most %g×): %s", r, target, word)
+}
+
 // printStorm prints the storm's figures side by side.
 func printStorm(n int, agent, direct stormResult) {
 	ratio := func(a, d float64) string {
@@ -181,6 +267,7 @@ func printStorm(n int, agent, direct stormResult) {
 	fmt.Printf("  kube-apiserver CPU-s:      agent %.2f, direct %.2f (direct/agent %s)\n", agent.apiserverS, direct.apiserverS, ratio(agent.apiserverS, direct.apiserverS))
 	an, dn := max(agent.apiserverS-agent.idleS, 0), max(direct.apiserverS-direct.idleS, 0)
 	fmt.Printf("  ... above its idle rate:   agent %.2f, direct %.2f (direct/agent %s; idle %.2f and %.2f over the same times)\n", an, dn, ratio(an, dn), agent.idleS, direct.idleS)
+	fmt.Printf("  kube-apiserver CPU-s agent/direct: %s\n", verdict(agent.apiserverS, direct.apiserverS, stormCPUTarget))
 	fmt.Printf("  the agent's watch outcomes: %v\n", agent.outcomes)
 	if agent.failed+direct.failed > 0 {
 		fmt.Printf("  processes that did not sync: agent %d, direct %d\n", agent.failed, direct.failed)
