@@ -283,14 +283,7 @@ func TestSlowWatcherEnded(t *testing.T) {
 	st.mu.Lock()
 	st.hist.maxBytes = 64 << 20 // every event stays in the window
 	st.mu.Unlock()
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		info, _ := testInfoFactory.NewRequestInfo(req)
-		req = req.WithContext(request.WithRequestInfo(req.Context(), info))
-		c.Handler(up, func(h http.Handler) http.Handler { return h }).ServeHTTP(w, req)
-	}))
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
+	srv := h2Server(t, c, up, nil)
 	q := url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"}, "resourceVersion": {"100"}}
 	stuckReq, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/v1/pods?"+q.Encode(), nil)
 	stuckReq.Header.Set("Authorization", "Bearer token-a")
@@ -345,14 +338,7 @@ func TestIdleWatchOutlivesWriteTimeout(t *testing.T) {
 	t.Cleanup(func() { watchWriteTimeout = old })
 	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, cfg := testCache(t, up, wlPod("a", "80"))
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		info, _ := testInfoFactory.NewRequestInfo(req)
-		req = req.WithContext(request.WithRequestInfo(req.Context(), info))
-		c.Handler(up, func(h http.Handler) http.Handler { return h }).ServeHTTP(w, req)
-	}))
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
+	srv := h2Server(t, c, up, nil)
 	cfg.Host = srv.URL
 	cfg.TLSClientConfig.Insecure = true
 	w, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("").Watch(context.Background(), watchListOptions("0"))
@@ -367,4 +353,22 @@ func TestIdleWatchOutlivesWriteTimeout(t *testing.T) {
 	if got := summarize(next(t, w, 1)); !cmp.Equal(got, []string{"MODIFIED a@102"}) {
 		t.Errorf("after a silence: %v", got)
 	}
+}
+
+// h2Server serves c over HTTP/2 with TLS, up as the forwarder; done, if
+// not nil, gets a value as each request's handler returns.
+func h2Server(t *testing.T, c *Cache, up http.Handler, done chan<- struct{}) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if done != nil {
+			defer func() { done <- struct{}{} }()
+		}
+		info, _ := testInfoFactory.NewRequestInfo(req)
+		req = req.WithContext(request.WithRequestInfo(req.Context(), info))
+		c.Handler(up, func(h http.Handler) http.Handler { return h }).ServeHTTP(w, req)
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
 }

@@ -336,15 +336,7 @@ func TestWatchListSlowReader(t *testing.T) {
 	}
 	c, _ := testCache(t, up, pods...)
 	done := make(chan struct{}, 1)
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		defer func() { done <- struct{}{} }()
-		info, _ := testInfoFactory.NewRequestInfo(req)
-		req = req.WithContext(request.WithRequestInfo(req.Context(), info))
-		c.Handler(up, func(h http.Handler) http.Handler { return h }).ServeHTTP(w, req)
-	}))
-	srv.EnableHTTP2 = true
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
+	srv := h2Server(t, c, up, done)
 
 	req, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/v1/pods?"+url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"},
 		"sendInitialEvents": {"true"}, "allowWatchBookmarks": {"true"}, "resourceVersionMatch": {"NotOlderThan"}}.Encode(), nil)

@@ -66,22 +66,7 @@ func (s *watchStream) snapshot() ([]watchedEvent, time.Time) {
 // openWatch starts a JSON watch of path with c; it is read until ctx ends.
 func openWatch(t *testing.T, ctx context.Context, c rawClient, path string) *watchStream {
 	t.Helper()
-	hc := *c.hc
-	hc.Timeout = 0
-	req, err := http.NewRequestWithContext(ctx, "GET", c.base+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	req.Header.Set("Accept", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		t.Fatalf("watch %s: %d", path, resp.StatusCode)
-	}
+	resp := c.startWatch(t, ctx, path)
 	s := &watchStream{done: make(chan struct{}), last: time.Now()}
 	go func() {
 		defer close(s.done)
@@ -132,15 +117,7 @@ func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	const ns = "e2e-watchcache"
-	if err := c.EnsureNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	pod := newClientPod(t, ctx, c, ns, "watcher")
-	if err := pod.WaitAllowed(ctx, "watch", "services"); err != nil {
-		t.Fatal(err)
-	}
-	agent := startAgent(t, ctx, c)
-	waitCacheSynced(t, ctx, agent)
+	pod, agent := watcherAndAgent(t, ctx, c, ns)
 	viaAgent, direct := podClients(t, c, pod)
 
 	// A few objects before the watches, so that the initial events have
@@ -383,15 +360,7 @@ func TestSlowWatcher(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const ns = "e2e-slowwatch"
-	if err := c.EnsureNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	pod := newClientPod(t, ctx, c, ns, "watcher")
-	if err := pod.WaitAllowed(ctx, "watch", "services"); err != nil {
-		t.Fatal(err)
-	}
-	agent := startAgent(t, ctx, c)
-	waitCacheSynced(t, ctx, agent)
+	pod, agent := watcherAndAgent(t, ctx, c, ns)
 	viaAgent, _ := podClients(t, c, pod)
 	svc, err := c.Admin.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "big"},
@@ -518,4 +487,20 @@ func TestSlowWatcher(t *testing.T) {
 func gaugeOf(t *testing.T, ctx context.Context, a *sandbox.Agent, name string) float64 {
 	t.Helper()
 	return sumWhere(scrapeAgent(t, ctx, a)[name], nil)
+}
+
+// watcherAndAgent makes namespace ns with a pod allowed to watch in it
+// (edit), and starts an agent with the default flags, its cache synced.
+func watcherAndAgent(t *testing.T, ctx context.Context, c *sandbox.Cluster, ns string) (*sandbox.Pod, *sandbox.Agent) {
+	t.Helper()
+	if err := c.EnsureNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	pod := newClientPod(t, ctx, c, ns, "watcher")
+	if err := pod.WaitAllowed(ctx, "watch", "services"); err != nil {
+		t.Fatal(err)
+	}
+	agent := startAgent(t, ctx, c)
+	waitCacheSynced(t, ctx, agent)
+	return pod, agent
 }

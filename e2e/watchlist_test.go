@@ -681,21 +681,7 @@ type streamEnd struct {
 // watchUntilEnd opens a JSON watch with c and reports how it ended.
 func watchUntilEnd(t *testing.T, ctx context.Context, c rawClient, path string) <-chan streamEnd {
 	t.Helper()
-	hc := *c.hc
-	hc.Timeout = 0
-	req, err := http.NewRequestWithContext(ctx, "GET", c.base+path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+c.token)
-	req.Header.Set("Accept", "application/json")
-	resp, err := hc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("watch %s: %d", path, resp.StatusCode)
-	}
+	resp := c.startWatch(t, ctx, path)
 	out := make(chan streamEnd, 1)
 	go func() {
 		defer resp.Body.Close()
@@ -757,4 +743,27 @@ func (w watchFaults) minus(before watchFaults) watchFaults {
 		}
 	}
 	return out
+}
+
+// startWatch opens a JSON watch of path with c, without a client timeout,
+// and fails t unless it is answered 200.
+func (c rawClient) startWatch(t *testing.T, ctx context.Context, path string) *http.Response {
+	t.Helper()
+	hc := *c.hc
+	hc.Timeout = 0
+	req, err := http.NewRequestWithContext(ctx, "GET", c.base+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Accept", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		t.Fatalf("watch %s: %d", path, resp.StatusCode)
+	}
+	return resp
 }
