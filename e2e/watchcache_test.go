@@ -21,10 +21,13 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 
+	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
 
@@ -106,8 +109,8 @@ type watchForm struct {
 // and services, and a pod allowed to watch them, when every watch form
 // kube-apiserver serves is opened through the agent and directly at once
 // and a randomized churn of 2,000 writes (creates, updates, label flips
-// that move objects in and out of a selector, deletes) runs on services
-// and on pods of this node, then each pair of streams carries the same
+// that move objects in and out of a selector, deletes) runs on services,
+// pods of this node and a custom resource (its selectable field too), then each pair of streams carries the same
 // events (type, whole object, resourceVersion) in the same order; and
 // kube-apiserver holds no more watches of services for 50 more watches
 // through the agent, where 50 direct ones cost 50.
@@ -117,13 +120,20 @@ func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	const ns = "e2e-watchcache"
-	pod, agent := watcherAndAgent(t, ctx, c, ns)
+	createWidgetCRD(t, ctx, c)
+	widgetRule := rbacv1.PolicyRule{APIGroups: []string{widgetsGVR.Group}, Resources: []string{"widgets"}, Verbs: readVerbs}
+	grantClusterRead(t, ctx, c, "e2e-watchcache-agent",
+		rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: sandbox.AgentServiceAccount, Namespace: sandbox.AgentNamespace}, widgetRule)
+	grantClusterRead(t, ctx, c, "e2e-watchcache-watcher",
+		rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: "watcher", Namespace: ns}, widgetRule)
+	pod, agent := watcherAndAgent(t, ctx, c, ns, "--cache-resources="+cache.DefaultResources+",widgets."+widgetsGVR.Group+"/v1")
+	waitResourceSynced(t, ctx, agent, "widgets."+widgetsGVR.Group)
 	viaAgent, direct := podClients(t, c, pod)
 
 	// A few objects before the watches, so that the initial events have
 	// something in them.
 	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
-	w := newChurner(c, ns, rng)
+	w := newChurner(c, dynamic.NewForConfigOrDie(c.AdminConfig), ns, rng)
 	for range 20 {
 		w.step(t, ctx)
 	}
@@ -135,6 +145,7 @@ func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 	node := url.QueryEscape("spec.nodeName=" + sandbox.NodeName)
 	svcs := "/api/v1/namespaces/" + ns + "/services?watch=true&timeoutSeconds=600"
 	pods := "/api/v1/namespaces/" + ns + "/pods?watch=true&timeoutSeconds=600&fieldSelector=" + node
+	widgets := "/apis/" + widgetsGVR.Group + "/v1/namespaces/" + ns + "/widgets?watch=true&timeoutSeconds=600"
 	forms := []watchForm{
 		{name: "services from N", path: svcs + "&resourceVersion=" + n},
 		{name: "services from N with bookmarks", path: svcs + "&allowWatchBookmarks=true&resourceVersion=" + n},
@@ -145,6 +156,9 @@ func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 		{name: "services watch-list, label selector", path: svcs + "&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&labelSelector=app%3Dx", initial: true},
 		{name: "services legacy from 0", path: svcs + "&resourceVersion=0", state: true},
 		{name: "services legacy from 0 with bookmarks", path: svcs + "&resourceVersion=0&allowWatchBookmarks=true", initial: true},
+		{name: "widgets from N", path: widgets + "&resourceVersion=" + n},
+		{name: "widgets from N, selectable field", path: widgets + "&fieldSelector=spec.color%3Dred&resourceVersion=" + n},
+		{name: "widgets watch-list, label selector", path: widgets + "&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&labelSelector=app%3Dx", initial: true},
 		{name: "node pods from N", path: pods + "&resourceVersion=" + n},
 		{name: "node pods from N, label selector", path: pods + "&labelSelector=app%3Dx&resourceVersion=" + n},
 		{name: "node pods watch-list", path: pods + "&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan", initial: true},
@@ -281,51 +295,61 @@ func stateOf(evs []watchedEvent) []watchedEvent {
 	return out
 }
 
-// churner makes random writes to a namespace's services svc-0..39 and to
-// pods pod-0..19 bound to the sandbox node: creates, annotation updates,
-// label flips between app=x and app=y, and deletes.
+// churner makes random writes to a namespace's services svc-0..39, pods
+// pod-0..19 bound to the sandbox node and widgets wid-0..19: creates,
+// annotation updates, label flips between app=x and app=y (with a widget's
+// spec.color between red and blue), and deletes.
 type churner struct {
 	c                                *sandbox.Cluster
+	dc                               dynamic.Interface
 	ns                               string
 	rng                              *rand.Rand
-	svcs, pods                       map[string]bool
+	svcs, pods, widgets              map[string]bool
 	creates, updates, flips, deletes int
 }
 
-func newChurner(c *sandbox.Cluster, ns string, rng *rand.Rand) *churner {
-	return &churner{c: c, ns: ns, rng: rng, svcs: map[string]bool{}, pods: map[string]bool{}}
+func newChurner(c *sandbox.Cluster, dc dynamic.Interface, ns string, rng *rand.Rand) *churner {
+	return &churner{c: c, dc: dc, ns: ns, rng: rng, svcs: map[string]bool{}, pods: map[string]bool{}, widgets: map[string]bool{}}
 }
 
 func (w *churner) step(t *testing.T, ctx context.Context) {
 	t.Helper()
-	isPod := w.rng.Intn(3) == 0
-	live, prefix, size := w.svcs, "svc", 40
-	if isPod {
-		live, prefix, size = w.pods, "pod", 20
-	}
-	name := fmt.Sprintf("%s-%d", prefix, w.rng.Intn(size))
+	kind := []string{"svc", "pod", "wid"}[w.rng.Intn(3)]
+	live, size := map[string]map[string]bool{"svc": w.svcs, "pod": w.pods, "wid": w.widgets}[kind], map[string]int{"svc": 40, "pod": 20, "wid": 20}[kind]
+	name := fmt.Sprintf("%s-%d", kind, w.rng.Intn(size))
 	app := []string{"x", "y"}[w.rng.Intn(2)]
+	color := map[string]string{"x": "red", "y": "blue"}[app]
+	pods, svcs := w.c.Admin.CoreV1().Pods(w.ns), w.c.Admin.CoreV1().Services(w.ns)
+	widgets := w.dc.Resource(widgetsGVR).Namespace(w.ns)
 	var err error
 	switch op := w.rng.Intn(10); {
 	case !live[name]:
-		if isPod {
-			_, err = w.c.Admin.CoreV1().Pods(w.ns).Create(ctx, &corev1.Pod{
+		switch kind {
+		case "pod":
+			_, err = pods.Create(ctx, &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": app}},
 				Spec:       corev1.PodSpec{NodeName: sandbox.NodeName, Containers: []corev1.Container{{Name: "c", Image: "none"}}},
 			}, metav1.CreateOptions{})
-		} else {
-			_, err = w.c.Admin.CoreV1().Services(w.ns).Create(ctx, &corev1.Service{
+		case "svc":
+			_, err = svcs.Create(ctx, &corev1.Service{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": app}},
 				Spec:       corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Port: 80}}},
 			}, metav1.CreateOptions{})
+		default:
+			obj := widgetObject(name, color, int64(w.rng.Intn(100)))
+			obj.SetLabels(map[string]string{"app": app})
+			_, err = widgets.Create(ctx, obj, metav1.CreateOptions{})
 		}
 		live[name] = err == nil
 		w.creates++
 	case op < 2:
-		if isPod {
-			err = w.c.Admin.CoreV1().Pods(w.ns).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
-		} else {
-			err = w.c.Admin.CoreV1().Services(w.ns).Delete(ctx, name, metav1.DeleteOptions{})
+		switch kind {
+		case "pod":
+			err = pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		case "svc":
+			err = svcs.Delete(ctx, name, metav1.DeleteOptions{})
+		default:
+			err = widgets.Delete(ctx, name, metav1.DeleteOptions{})
 		}
 		delete(live, name)
 		w.deletes++
@@ -333,14 +357,20 @@ func (w *churner) step(t *testing.T, ctx context.Context) {
 		patch := fmt.Sprintf(`{"metadata":{"annotations":{"step":"%d"}}}`, w.rng.Int())
 		if op < 5 {
 			patch = fmt.Sprintf(`{"metadata":{"labels":{"app":%q}}}`, app)
+			if kind == "wid" {
+				patch = fmt.Sprintf(`{"metadata":{"labels":{"app":%q}},"spec":{"color":%q}}`, app, color)
+			}
 			w.flips++
 		} else {
 			w.updates++
 		}
-		if isPod {
-			_, err = w.c.Admin.CoreV1().Pods(w.ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-		} else {
-			_, err = w.c.Admin.CoreV1().Services(w.ns).Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		switch kind {
+		case "pod":
+			_, err = pods.Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		case "svc":
+			_, err = svcs.Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		default:
+			_, err = widgets.Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		}
 	}
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsAlreadyExists(err) {
@@ -490,8 +520,9 @@ func gaugeOf(t *testing.T, ctx context.Context, a *sandbox.Agent, name string) f
 }
 
 // watcherAndAgent makes namespace ns with a pod allowed to watch in it
-// (edit), and starts an agent with the default flags, its cache synced.
-func watcherAndAgent(t *testing.T, ctx context.Context, c *sandbox.Cluster, ns string) (*sandbox.Pod, *sandbox.Agent) {
+// (edit), and starts an agent with the default flags and agentArgs, its
+// cache synced.
+func watcherAndAgent(t *testing.T, ctx context.Context, c *sandbox.Cluster, ns string, agentArgs ...string) (*sandbox.Pod, *sandbox.Agent) {
 	t.Helper()
 	if err := c.EnsureNamespace(ctx, ns); err != nil {
 		t.Fatal(err)
@@ -500,7 +531,7 @@ func watcherAndAgent(t *testing.T, ctx context.Context, c *sandbox.Cluster, ns s
 	if err := pod.WaitAllowed(ctx, "watch", "services"); err != nil {
 		t.Fatal(err)
 	}
-	agent := startAgent(t, ctx, c)
+	agent := startAgent(t, ctx, c, agentArgs...)
 	waitCacheSynced(t, ctx, agent)
 	return pod, agent
 }
