@@ -285,10 +285,11 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 	if p.badRequest != nil {
 		return ""
 	}
-	if p.verb == "watch" && !p.res.healthy() {
+	if p.verb == "watch" && !c.awaitHealthy(ctx, p.res) {
 		// The Store's own watch is broken (an apiserver restarted, etcd
-		// compacted): its events stopped, and a relist will end the
-		// watches it serves. kube-apiserver answers the watch instead.
+		// compacted) and did not come back within the wait: its events
+		// stopped, and a relist will end the watches it serves.
+		// kube-apiserver answers the watch instead.
 		return reasonUnhealthy
 	}
 	var want uint64
@@ -329,6 +330,37 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 		return reasonTooNew
 	}
 	return ""
+}
+
+// healthPoll is how often a watch waiting for its resource's own watch to
+// reopen checks it.
+const healthPoll = 20 * time.Millisecond
+
+// awaitHealthy waits, at most WaitTimeout, for res's own watch to be open
+// and synced. The clients of the watches a relist ended come back at once,
+// before the informer's next watch has opened: were they forwarded, each
+// would hold a watch upstream for its whole life.
+func (c *Cache) awaitHealthy(ctx context.Context, res *informer) bool {
+	if res.healthy() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
+	defer cancel()
+	t := time.NewTicker(healthPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			if res.stopped.Load() {
+				return false
+			}
+			if res.healthy() {
+				return true
+			}
+		}
+	}
 }
 
 // serve writes the answer planned by Handler.

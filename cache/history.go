@@ -97,7 +97,7 @@ func (h *history) at(s uint64) *event {
 // new epoch at it: what came before cannot be ordered with it.
 func (h *history) add(e *event) {
 	if h.n > 0 && e.rv <= h.at(h.seq-1).rv {
-		h.reset(e.rv-1, true)
+		h.reset(max(e.rv, 1)-1, true)
 	}
 	if h.n == len(h.ring) {
 		h.grow()

@@ -181,7 +181,11 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 		evs, next, storeRV, changed, state := st.next(cur, buf[:0], watchBatch)
 		switch state {
 		case cursorReplaced:
+			// Ended once the informer's new watch is open (bounded), so
+			// that the client's next watch is served from the new window
+			// rather than forwarded.
 			reason = endRelisted
+			c.awaitHealthy(r.Context(), res)
 			return
 		case cursorBehind:
 			reason = endSlow

@@ -372,3 +372,30 @@ func h2Server(t *testing.T, c *Cache, up http.Handler, done chan<- struct{}) *ht
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// TestWatchWaitsForReopenedWatch: a watch that arrives while the cache's
+// own watch is closed (between a relist and the next watch) waits, up to
+// the wait timeout, for it to reopen, and is then served from the cache;
+// if it stays closed, the watch is forwarded.
+func TestWatchWaitsForReopenedWatch(t *testing.T) {
+	for _, reopen := range []bool{true, false} {
+		t.Run(fmt.Sprintf("reopen=%v", reopen), func(t *testing.T) {
+			up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) }}
+			c, cfg := testCache(t, up, wlPod("a", "80"))
+			inf := c.resources[0].current.Load()
+			inf.watchState.Store(2 << 1) // closed
+			if reopen {
+				time.AfterFunc(100*time.Millisecond, func() { inf.watchState.Store(2<<1 | 1) })
+			}
+			req, _ := http.NewRequest(http.MethodGet, cfg.Host+"/api/v1/pods?watch=true&timeoutSeconds=1&resourceVersion=100&fieldSelector=spec.nodeName%3Dnode-a", nil)
+			req.Header.Set("Authorization", "Bearer token-a")
+			resp, err := http.DefaultClient.Do(req)
+			mustDo(t, err)
+			resp.Body.Close()
+			served := resp.StatusCode == http.StatusOK && len(up.got()) == 0
+			if served != reopen {
+				t.Errorf("status %d after %d upstream requests; want served from the cache: %v", resp.StatusCode, len(up.got()), reopen)
+			}
+		})
+	}
+}

@@ -46,7 +46,13 @@ var watchParams = map[string]bool{"labelSelector": true, "fieldSelector": true, 
 // than N. opts must have passed ValidateListOptions.
 func (c *Cache) classifyWatch(p *plan, opts *metainternalversion.ListOptions) (*plan, string) {
 	if p.name != "" {
-		if name, ok := p.pred.Field.RequiresExactMatch("metadata.name"); !ok || name != p.name {
+		// The name is in the field selector, or is the cache's own scope
+		// (this node's Node), whose term the predicate no longer holds.
+		name, ok := p.pred.Field.RequiresExactMatch("metadata.name")
+		if !ok {
+			name, ok = p.res.scopeTerms["metadata.name"]
+		}
+		if !ok || name != p.name {
 			return nil, reasonWatchObject
 		}
 	}
