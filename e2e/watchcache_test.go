@@ -112,8 +112,9 @@ type watchForm struct {
 // that move objects in and out of a selector, deletes) runs on services,
 // pods of this node and a custom resource (its selectable field too), then each pair of streams carries the same
 // events (type, whole object, resourceVersion) in the same order; and
-// kube-apiserver holds no more watches of services for 50 more watches
-// through the agent, where 50 direct ones cost 50.
+// kube-apiserver holds no more watches for 50 clients each watching this
+// node's pods, services and endpointslices through the agent, where
+// directly they cost it 150.
 func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 	c := requireCluster(t)
 	dumpOnFailure(t, c)
@@ -215,27 +216,51 @@ func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 	}
 	figuref(t, "watch forms: %d forms, %d events compared, equal through the agent and direct", len(forms), total)
 
-	// And kube-apiserver holds no watch of services for 50 more watches
-	// through the agent; 50 direct ones cost it 50.
-	before := apiserverWatches(t, ctx, c, "services")
-	wctx, stop := context.WithCancel(ctx)
-	for range 50 {
-		openWatch(t, wctx, viaAgent, svcs+"&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan")
+	// And when 50 informer-like clients each watch this node's pods, the
+	// services and the endpointslices (150 watch-lists), then
+	// kube-apiserver holds no more watches for them through the agent,
+	// which keeps its one per resource; directly they cost 150.
+	const clients = 50
+	wl := "&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan"
+	paths := map[string]string{
+		"pods":           pods + wl,
+		"services":       svcs + wl,
+		"endpointslices": "/apis/discovery.k8s.io/v1/namespaces/" + ns + "/endpointslices?watch=true&timeoutSeconds=600" + wl,
 	}
-	time.Sleep(time.Second)
-	viaAgentCost := apiserverWatches(t, ctx, c, "services") - before
-	for range 50 {
-		openWatch(t, wctx, direct, svcs+"&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan")
+	watches := func() map[string]float64 {
+		out := map[string]float64{}
+		for res := range paths {
+			out[res] = apiserverWatches(t, ctx, c, res)
+		}
+		return out
 	}
-	time.Sleep(time.Second)
-	directCost := apiserverWatches(t, ctx, c, "services") - before - viaAgentCost
-	stop()
-	figuref(t, "upstream watches of services: +%v for 50 watches through the agent, +%v for 50 direct", viaAgentCost, directCost)
-	if viaAgentCost != 0 {
-		t.Errorf("50 watches through the agent cost kube-apiserver %v watches, want 0", viaAgentCost)
+	cost := func(rc rawClient) map[string]float64 {
+		before := watches()
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		for range clients {
+			for _, path := range paths {
+				openWatch(t, wctx, rc, path)
+			}
+		}
+		time.Sleep(time.Second)
+		after := watches()
+		for res := range after {
+			after[res] -= before[res]
+		}
+		return after
 	}
-	if directCost < 50 {
-		t.Errorf("50 direct watches show as %v in kube-apiserver's gauge: the measure does not see them", directCost)
+	viaAgentCost, directCost := cost(viaAgent), cost(direct)
+	informers := sumWhere(scrapeAgent(t, ctx, agent)["kube_apicache_cache_informers"], nil)
+	figuref(t, "upstream watches for %d clients watching node pods, services and endpointslices: through the agent %v, direct %v; the agent runs %v informers (one watch each)",
+		clients, viaAgentCost, directCost, informers)
+	for res := range paths {
+		if viaAgentCost[res] != 0 {
+			t.Errorf("%d watches of %s through the agent cost kube-apiserver %v watches, want 0", clients, res, viaAgentCost[res])
+		}
+		if directCost[res] < clients {
+			t.Errorf("%d direct watches of %s show as %v in kube-apiserver's gauge: the measure does not see them", clients, res, directCost[res])
+		}
 	}
 }
 
