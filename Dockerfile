@@ -7,14 +7,32 @@
 # bases are build arguments so CI can bump them without editing this file;
 # keep DEBIAN_IMAGE on the release hack/image's packages come from
 # (bookworm).
+#
+# One image index for both architectures, as `make image` builds it (or
+# --push it, instead of the OCI archive):
+#
+#   docker buildx build --platform linux/amd64,linux/arm64 \
+#     $(hack/version.sh build-args) -t kube-apicache:latest \
+#     --output type=oci,dest=kube-apicache.oci.tar .
+#
+# hack/version.sh build-args stamps the agent with the checkout's release,
+# commit and commit date (agent/version), which the build cannot read
+# itself: .dockerignore keeps .git out of the context. Without them the
+# agent reports v0.0.0-unset and no commit.
 ARG GO_VERSION=1.26
 ARG DEBIAN_IMAGE=debian:bookworm
+ARG VERSION=v0.0.0-unset
+ARG COMMIT=
+ARG BUILD_DATE=
 
 # Build on the builder's own platform and cross-compile; the binary is pure
 # Go, so no emulation is needed for other architectures.
 FROM --platform=$BUILDPLATFORM golang:${GO_VERSION} AS build
 ARG TARGETOS
 ARG TARGETARCH
+ARG VERSION
+ARG COMMIT
+ARG BUILD_DATE
 WORKDIR /src
 
 # Module downloads get their own layer, reused until go.mod or go.sum change.
@@ -23,19 +41,24 @@ RUN go mod download
 
 COPY . .
 # cgo off: a static binary that does not depend on the C libraries the
-# image carries for iptables.
+# image carries for iptables. hack/version.sh turns the build arguments
+# into the same -X flags as `make build` and hack/image use.
 RUN --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags "-s -w" -o /kube-apicache ./cmd/kube-apicache
+    ldflags=$(KUBE_APICACHE_VERSION="${VERSION}" KUBE_APICACHE_COMMIT="${COMMIT}" \
+      KUBE_APICACHE_BUILD_DATE="${BUILD_DATE}" hack/version.sh ldflags) \
+ && CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
+    go build -trimpath -ldflags "-s -w ${ldflags}" -o /kube-apicache ./cmd/kube-apicache
 
 # The packages are downloaded for the target architecture and unpacked, not
 # installed: no maintainer scripts (so no alternatives: the agent runs only
 # the backend-specific names, which the iptables package ships as
 # symlinks), no dpkg database. Nothing of the target architecture runs
-# here, so this stage too stays on the builder's platform. The paths in
-# hack/image/rootfs-exclude.txt (man pages, gconv modules) are left out.
-# /tmp is world-writable; /run is where the DaemonSet mounts the host's
-# xtables lock.
+# here, so this stage too stays on the builder's platform. A package built
+# for all architectures (netbase) is listed under the builder's own only,
+# so it is asked for as pkg:all, the others as pkg:TARGETARCH (as
+# hack/image does). The paths in hack/image/rootfs-exclude.txt (man pages,
+# gconv modules) are left out. /tmp is world-writable; /run is where the
+# DaemonSet mounts the host's xtables lock.
 FROM --platform=$BUILDPLATFORM ${DEBIAN_IMAGE} AS rootfs
 ARG TARGETARCH
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -43,7 +66,9 @@ COPY hack/image/packages.txt hack/image/rootfs-exclude.txt /tmp/
 WORKDIR /tmp/debs
 RUN dpkg --add-architecture "${TARGETARCH}" \
  && apt-get update -qq \
- && sed -e 's/#.*//' /tmp/packages.txt | awk -v arch="${TARGETARCH}" 'NF { print $1 ":" arch }' \
+ && sed -e 's/#.*//' /tmp/packages.txt | awk 'NF { print $1 }' \
+      | xargs apt-cache show --no-all-versions \
+      | awk -v arch="${TARGETARCH}" '/^Package:/ { p = $2 } /^Architecture:/ { print p ":" ($2 == "all" ? "all" : arch) }' \
       | xargs apt-get download -qq \
  && mkdir /rootfs \
  && for deb in *.deb; do \

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -70,30 +71,70 @@ func buildImage(spec imageSpec, p platform) (v1.Image, error) {
 	return mutate.ConfigFile(img, cf)
 }
 
-// writeArchive writes img as an OCI image layout archive (a tar of the
+// platformImage is an image built for one platform.
+type platformImage struct {
+	Platform platform
+	Image    v1.Image
+}
+
+// imageIndex returns an OCI image index of imgs, one manifest a platform
+// in the order given, each descriptor with its platform so that a runtime
+// picks its own without reading the configs.
+func imageIndex(imgs []platformImage) v1.ImageIndex {
+	adds := make([]mutate.IndexAddendum, 0, len(imgs))
+	for _, pi := range imgs {
+		p := pi.Platform.imagePlatform()
+		adds = append(adds, mutate.IndexAddendum{Add: pi.Image, Descriptor: v1.Descriptor{Platform: &p}})
+	}
+	return mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex), adds...)
+}
+
+// writeArchive writes imgs as an OCI image layout archive (a tar of the
 // layout directory: oci-layout, index.json, blobs/sha256/...) to path,
-// named by ref through the index's annotations. The layout is staged in
-// work, and path is replaced only once the archive is complete.
-func writeArchive(path, work string, img v1.Image, ref imageRef, p platform) error {
+// named by ref through the annotations of index.json's one descriptor. A
+// single image is that descriptor itself (with its platform); more than
+// one are gathered in an image index (imageIndex) that it points to, as a
+// registry serves a multi-platform tag. The layout is staged in work, and
+// path is replaced only once the archive is complete. It returns the
+// digest of what index.json points to.
+func writeArchive(path, work string, imgs []platformImage, ref imageRef) (v1.Hash, error) {
+	if len(imgs) == 0 {
+		return v1.Hash{}, errors.New("no images to write")
+	}
 	dir, err := os.MkdirTemp(work, "layout-")
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	defer os.RemoveAll(dir)
 	lp, err := layout.Write(dir, empty.Index)
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
-	err = lp.AppendImage(img,
-		layout.WithAnnotations(map[string]string{
-			annotationContainerdName: ref.Name,
-			annotationRefName:        ref.Tag,
-		}),
-		layout.WithPlatform(v1.Platform{OS: p.OS, Architecture: p.Arch}))
+	named := layout.WithAnnotations(map[string]string{
+		annotationContainerdName: ref.Name,
+		annotationRefName:        ref.Tag,
+	})
+	var root interface{ Digest() (v1.Hash, error) }
+	if len(imgs) == 1 {
+		root = imgs[0].Image
+		err = lp.AppendImage(imgs[0].Image, named, layout.WithPlatform(imgs[0].Platform.imagePlatform()))
+	} else {
+		idx := imageIndex(imgs)
+		root = idx
+		err = lp.AppendIndex(idx, named)
+	}
 	if err != nil {
-		return fmt.Errorf("writing OCI layout: %w", err)
+		return v1.Hash{}, fmt.Errorf("writing OCI layout: %w", err)
 	}
+	digest, err := root.Digest()
+	if err != nil {
+		return v1.Hash{}, err
+	}
+	return digest, writeTar(path, dir)
+}
 
+// writeTar writes the tree at dir as a tar to path, atomically.
+func writeTar(path, dir string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}

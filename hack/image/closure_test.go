@@ -12,7 +12,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-var amd64 = platforms["linux/amd64"]
+var (
+	amd64 = platforms["linux/amd64"]
+	arm64 = platforms["linux/arm64"]
+)
 
 // writeELF writes a minimal 64-bit little-endian shared object for machine
 // with an optional program interpreter and DT_NEEDED entries: just enough
@@ -214,6 +217,37 @@ func TestMissingLibrariesWrongMachine(t *testing.T) {
 	writeELF(t, filepath.Join(root, "usr/lib/x86_64-linux-gnu/libarm.so.1"), elf.EM_AARCH64, "")
 	if _, err := missingLibraries(root, amd64); err == nil || !strings.Contains(err.Error(), "/usr/lib/x86_64-linux-gnu/libarm.so.1") {
 		t.Errorf("err = %v, want one naming the aarch64 library", err)
+	}
+}
+
+// The same checks hold per platform: an arm64 root is closed in its own
+// multiarch directories, with its own interpreter and machine.
+func TestMissingLibrariesArm64(t *testing.T) {
+	root := t.TempDir()
+	lib := filepath.Join(root, "lib/aarch64-linux-gnu")
+	usrlib := filepath.Join(root, "usr/lib/aarch64-linux-gnu")
+	writeELF(t, filepath.Join(lib, "ld-linux-aarch64.so.1"), elf.EM_AARCH64, "")
+	mklink(t, "aarch64-linux-gnu/ld-linux-aarch64.so.1", filepath.Join(root, "lib/ld-linux-aarch64.so.1"))
+	writeELF(t, filepath.Join(lib, "libc.so.6"), elf.EM_AARCH64, "/lib/ld-linux-aarch64.so.1")
+	writeELF(t, filepath.Join(usrlib, "libxtables.so.12"), elf.EM_AARCH64, "", "libc.so.6")
+	writeELF(t, filepath.Join(root, "usr/sbin/xtables-nft-multi"), elf.EM_AARCH64, "/lib/ld-linux-aarch64.so.1", "libxtables.so.12", "libc.so.6")
+
+	if got, err := missingLibraries(root, arm64); err != nil || got != nil {
+		t.Errorf("missingLibraries(arm64) = %v, %v; want a closed root", got, err)
+	}
+	if _, err := missingLibraries(root, amd64); err == nil || !strings.Contains(err.Error(), "EM_AARCH64") {
+		t.Errorf("missingLibraries(amd64) of an arm64 root: err = %v, want a machine mismatch", err)
+	}
+	// amd64's multiarch directory is not searched for arm64.
+	writeELF(t, filepath.Join(root, "usr/sbin/tool"), elf.EM_AARCH64, "", "libmnl.so.0")
+	writeELF(t, filepath.Join(root, "usr/lib/x86_64-linux-gnu/libmnl.so.0"), elf.EM_AARCH64, "")
+	want := []missingLib{{Name: "libmnl.so.0", NeededBy: "/usr/sbin/tool"}}
+	got, err := missingLibraries(root, arm64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("missingLibraries (-want +got):\n%s", diff)
 	}
 }
 

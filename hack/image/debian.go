@@ -87,13 +87,17 @@ func parsePrintURIs(out []byte) ([]debFile, error) {
 // file is reused only if it matches the SHA256 the index lists, and a
 // download is checked against it too.
 func fetchDebs(ctx context.Context, cacheDir, arch string, pkgs []string) ([]string, error) {
+	if err := checkDebArch(ctx, arch); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return nil, err
 	}
-	args := []string{"-q", "--print-uris", "download"}
-	for _, p := range pkgs {
-		args = append(args, p+":"+arch)
+	names, err := downloadNames(ctx, arch, pkgs)
+	if err != nil {
+		return nil, err
 	}
+	args := append([]string{"-q", "--print-uris", "download"}, names...)
 	// apt-get prints nothing for a package whose file is already in the
 	// working directory, so ask from an empty one.
 	empty, err := os.MkdirTemp("", "hack-image-apt-")
@@ -115,13 +119,13 @@ func fetchDebs(ctx context.Context, cacheDir, arch string, pkgs []string) ([]str
 	}
 
 	var missing []string
-	for _, p := range pkgs {
+	for i, p := range pkgs {
 		d, ok := byName[p]
 		if !ok {
-			return nil, fmt.Errorf("apt-get listed no file for package %s:%s", p, arch)
+			return nil, fmt.Errorf("apt-get listed no file for package %s", names[i])
 		}
 		if err := checkSHA256(filepath.Join(cacheDir, d.File), d.SHA256); err != nil {
-			missing = append(missing, p+":"+arch)
+			missing = append(missing, names[i])
 		}
 	}
 	if len(missing) > 0 {
@@ -140,6 +144,77 @@ func fetchDebs(ctx context.Context, cacheDir, arch string, pkgs []string) ([]str
 		paths = append(paths, path)
 	}
 	return paths, nil
+}
+
+// downloadNames returns pkgs as apt-get download names for the Debian
+// architecture arch: pkg:arch, or pkg:all for a package whose candidate is
+// built for all architectures (netbase), which apt lists under the host's
+// own architecture alone: on an amd64 host, netbase:arm64 has no
+// candidate.
+func downloadNames(ctx context.Context, arch string, pkgs []string) ([]string, error) {
+	out, err := run(ctx, "", nil, "apt-cache", append([]string{"show", "--no-all-versions"}, pkgs...)...)
+	if err != nil {
+		return nil, err
+	}
+	archOf, err := parseArchitectures(out)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, len(pkgs))
+	for i, p := range pkgs {
+		switch a, ok := archOf[p]; {
+		case !ok:
+			return nil, fmt.Errorf("apt-cache show listed no candidate of package %s", p)
+		case a == "all":
+			names[i] = p + ":all"
+		default:
+			names[i] = p + ":" + arch
+		}
+	}
+	return names, nil
+}
+
+// parseArchitectures parses `apt-cache show` output, stanzas of "Field:
+// value" lines separated by blank lines, into each package's
+// Architecture.
+func parseArchitectures(out []byte) (map[string]string, error) {
+	archOf := map[string]string{}
+	for _, stanza := range strings.Split(strings.TrimSpace(string(out)), "\n\n") {
+		if strings.TrimSpace(stanza) == "" {
+			continue
+		}
+		var pkg, arch string
+		for _, line := range strings.Split(stanza, "\n") {
+			if v, ok := strings.CutPrefix(line, "Package:"); ok {
+				pkg = strings.TrimSpace(v)
+			} else if v, ok := strings.CutPrefix(line, "Architecture:"); ok {
+				arch = strings.TrimSpace(v)
+			}
+		}
+		if pkg == "" || arch == "" {
+			return nil, fmt.Errorf("unexpected apt-cache show stanza without Package or Architecture: %q", oneLine([]byte(stanza)))
+		}
+		archOf[pkg] = arch
+	}
+	return archOf, nil
+}
+
+// checkDebArch fails, saying how to fix it, unless dpkg on this host
+// takes packages of the Debian architecture arch: its own, or one added
+// with `dpkg --add-architecture`. apt lists and downloads no other.
+func checkDebArch(ctx context.Context, arch string) error {
+	native, err := run(ctx, "", nil, "dpkg", "--print-architecture")
+	if err != nil {
+		return err
+	}
+	foreign, err := run(ctx, "", nil, "dpkg", "--print-foreign-architectures")
+	if err != nil {
+		return err
+	}
+	if arch == strings.TrimSpace(string(native)) || slices.Contains(strings.Fields(string(foreign)), arch) {
+		return nil
+	}
+	return fmt.Errorf("packages for %s: dpkg on this host does not take that architecture; run `dpkg --add-architecture %s && apt-get update` once (make apt-lists does)", arch, arch)
 }
 
 func checkSHA256(path, want string) error {

@@ -63,3 +63,31 @@ func TestParsePrintURIs(t *testing.T) {
 		}
 	}
 }
+
+func TestParseArchitectures(t *testing.T) {
+	// Abridged `apt-cache show --no-all-versions libc6 netbase` on amd64;
+	// the description's continuation lines must not be taken for fields.
+	out := `Package: libc6
+Version: 2.36-9+deb12u14
+Architecture: amd64
+Multi-Arch: same
+Description: GNU C Library: Shared libraries
+ Package: not a field
+ Architecture: nor this
+
+Package: netbase
+Version: 6.4
+Architecture: all
+
+`
+	got, err := parseArchitectures([]byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]string{"libc6": "amd64", "netbase": "all"}, got); diff != "" {
+		t.Errorf("architectures (-want +got):\n%s", diff)
+	}
+	if _, err := parseArchitectures([]byte("Package: libc6\nVersion: 2.36\n")); err == nil {
+		t.Error("a stanza without Architecture: no error")
+	}
+}

@@ -33,7 +33,10 @@ type builder struct {
 	work     string
 	cacheDir string // downloaded .debs
 	goCmd    string
-	platform platform
+	// agentLdflags are the -X flags that stamp the agent's provenance
+	// (versionLdflags).
+	agentLdflags string
+	platform     platform
 }
 
 // agentImage stages the Debian userspace, checks it, builds the agent and
@@ -78,7 +81,7 @@ func (b *builder) agentImage(ctx context.Context, ref imageRef) (imageSpec, erro
 	}
 
 	bin := filepath.Join(b.work, "kube-apicache")
-	if err := b.goBuild(ctx, b.src, "./cmd/kube-apicache", bin); err != nil {
+	if err := b.goBuild(ctx, b.src, "./cmd/kube-apicache", bin, b.agentLdflags); err != nil {
 		return imageSpec{}, err
 	}
 	return imageSpec{
@@ -97,7 +100,7 @@ func (b *builder) agentImage(ctx context.Context, ref imageRef) (imageSpec, erro
 // Like registry.k8s.io/pause it runs as 65535:65535.
 func (b *builder) pauseImage(ctx context.Context, ref imageRef) (imageSpec, error) {
 	bin := filepath.Join(b.work, "pause")
-	if err := b.goBuild(ctx, filepath.Join(b.src, "hack/image"), "./pause", bin); err != nil {
+	if err := b.goBuild(ctx, filepath.Join(b.src, "hack/image"), "./pause", bin, ""); err != nil {
 		return imageSpec{}, err
 	}
 	return imageSpec{
@@ -127,7 +130,7 @@ func (b *builder) clientImage(ctx context.Context, ref imageRef, kubectl string)
 	}
 	warnIfDispatcher(ctx, kubectl)
 	bin := filepath.Join(b.work, "podclient")
-	if err := b.goBuild(ctx, b.src, "./e2e/podclient", bin); err != nil {
+	if err := b.goBuild(ctx, b.src, "./e2e/podclient", bin, ""); err != nil {
 		return imageSpec{}, err
 	}
 	return imageSpec{
@@ -157,9 +160,10 @@ func warnIfDispatcher(ctx context.Context, kubectl string) {
 }
 
 // goBuild builds pkg in the module at dir into out as a static binary for
-// the builder's platform, as the Dockerfile does.
-func (b *builder) goBuild(ctx context.Context, dir, pkg, out string) error {
+// the builder's platform, as the Dockerfile does: cross-compiled, since
+// nothing needs cgo. ldflags are added to the linker flags.
+func (b *builder) goBuild(ctx context.Context, dir, pkg, out, ldflags string) error {
 	env := []string{"CGO_ENABLED=0", "GOOS=" + b.platform.OS, "GOARCH=" + b.platform.Arch}
-	_, err := run(ctx, dir, env, b.goCmd, "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	_, err := run(ctx, dir, env, b.goCmd, "build", "-trimpath", "-ldflags=-s -w "+ldflags, "-o", out, pkg)
 	return err
 }

@@ -12,6 +12,13 @@
 //	--client  client.oci.tar: kube-apicache-client:e2e, /podclient
 //	          (e2e/podclient) and the host's kubectl
 //
+// --platform lists the platforms to build for (linux/amd64, linux/arm64),
+// each from its own Debian packages and a cross-compiled Go binary. With
+// one, index.json names that platform's image; with more, it names an OCI
+// image index holding one image a platform, of which `ctr images import`
+// unpacks the node's own. The agent is stamped with its provenance by
+// hack/version.sh, as `make build` does.
+//
 // It lives in its own module so that go-containerregistry and its
 // dependencies never enter the agent's module graph (they would raise the
 // versions the agent is built with). Run it from this directory:
@@ -54,7 +61,7 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "directory for the archives (default: SRC/_output/images)")
 	flag.StringVar(&o.work, "work", "", "staging directory, rebuilt on each run (default: SRC/_output/image-build)")
 	flag.StringVar(&o.cacheDir, "deb-cache", "", "cache of downloaded .deb files, keyed by version (default: SRC/_output/cache/debs)")
-	flag.StringVar(&o.platform, "platform", "linux/amd64", "target platform")
+	flag.StringVar(&o.platform, "platform", "linux/amd64", "target platforms, comma-separated; more than one make each archive an image index")
 	flag.StringVar(&o.goCmd, "go", "go", "go command used to build the binaries")
 	flag.BoolVar(&o.agent, "agent", false, "build the agent image, kube-apicache.oci.tar")
 	flag.BoolVar(&o.pause, "pause", false, "build the e2e pause image, pause.oci.tar")
@@ -81,7 +88,7 @@ func buildAll(ctx context.Context, o options) error {
 	if !o.agent && !o.pause && !o.client {
 		return errors.New("nothing to build: pass --agent, --pause and/or --client")
 	}
-	p, err := parsePlatform(o.platform)
+	ps, err := parsePlatforms(o.platform)
 	if err != nil {
 		return err
 	}
@@ -96,21 +103,31 @@ func buildAll(ctx context.Context, o options) error {
 	o.out = orDefault(o.out, filepath.Join(o.src, "_output/images"))
 	o.work = orDefault(o.work, filepath.Join(o.src, "_output/image-build"))
 	o.cacheDir = orDefault(o.cacheDir, filepath.Join(o.src, "_output/cache/debs"))
-	b := &builder{src: o.src, work: filepath.Join(o.work, p.OS+"-"+p.Arch), cacheDir: o.cacheDir, goCmd: o.goCmd, platform: p}
-	if err := os.MkdirAll(b.work, 0o755); err != nil {
-		return err
+	var ldflags string
+	if o.agent {
+		if ldflags, err = versionLdflags(ctx, o.src); err != nil {
+			return err
+		}
+	}
+	builders := make([]*builder, 0, len(ps))
+	for _, p := range ps {
+		b := &builder{src: o.src, work: filepath.Join(o.work, p.OS+"-"+p.Arch), cacheDir: o.cacheDir, goCmd: o.goCmd, agentLdflags: ldflags, platform: p}
+		if err := os.MkdirAll(b.work, 0o755); err != nil {
+			return err
+		}
+		builders = append(builders, b)
 	}
 
 	type target struct {
 		enabled bool
 		name    string
 		file    string
-		spec    func(imageRef) (imageSpec, error)
+		spec    func(*builder, imageRef) (imageSpec, error)
 	}
 	targets := []target{
-		{o.agent, o.agentName, "kube-apicache.oci.tar", func(r imageRef) (imageSpec, error) { return b.agentImage(ctx, r) }},
-		{o.pause, o.pauseName, "pause.oci.tar", func(r imageRef) (imageSpec, error) { return b.pauseImage(ctx, r) }},
-		{o.client, o.clientName, "client.oci.tar", func(r imageRef) (imageSpec, error) { return b.clientImage(ctx, r, o.kubectl) }},
+		{o.agent, o.agentName, "kube-apicache.oci.tar", func(b *builder, r imageRef) (imageSpec, error) { return b.agentImage(ctx, r) }},
+		{o.pause, o.pauseName, "pause.oci.tar", func(b *builder, r imageRef) (imageSpec, error) { return b.pauseImage(ctx, r) }},
+		{o.client, o.clientName, "client.oci.tar", func(b *builder, r imageRef) (imageSpec, error) { return b.clientImage(ctx, r, o.kubectl) }},
 	}
 	for _, t := range targets {
 		if !t.enabled {
@@ -120,28 +137,34 @@ func buildAll(ctx context.Context, o options) error {
 		if err != nil {
 			return err
 		}
-		spec, err := t.spec(ref)
-		if err != nil {
-			return fmt.Errorf("%s: %w", t.file, err)
-		}
-		img, err := buildImage(spec, p)
-		if err != nil {
-			return fmt.Errorf("%s: %w", t.file, err)
+		var imgs []platformImage
+		for _, b := range builders {
+			spec, err := t.spec(b, ref)
+			if err != nil {
+				return fmt.Errorf("%s (%s): %w", t.file, b.platform, err)
+			}
+			img, err := buildImage(spec, b.platform)
+			if err != nil {
+				return fmt.Errorf("%s (%s): %w", t.file, b.platform, err)
+			}
+			imgs = append(imgs, platformImage{Platform: b.platform, Image: img})
 		}
 		path := filepath.Join(o.out, t.file)
-		if err := writeArchive(path, b.work, img, ref, p); err != nil {
+		digest, err := writeArchive(path, o.work, imgs, ref)
+		if err != nil {
 			return fmt.Errorf("%s: %w", t.file, err)
 		}
-		logBuilt(path, ref, img)
+		logBuilt(path, ref, imgs, digest)
 	}
 	return nil
 }
 
-func logBuilt(path string, ref imageRef, img v1.Image) {
-	attrs := []any{"image", ref.Name, "path", path}
-	if d, err := img.Digest(); err == nil {
-		attrs = append(attrs, "manifest", d.String())
+func logBuilt(path string, ref imageRef, imgs []platformImage, digest v1.Hash) {
+	ps := make([]string, len(imgs))
+	for i, pi := range imgs {
+		ps[i] = pi.Platform.String()
 	}
+	attrs := []any{"image", ref.Name, "platforms", strings.Join(ps, ","), "path", path, "digest", digest.String()}
 	if fi, err := os.Stat(path); err == nil {
 		attrs = append(attrs, "bytes", fi.Size())
 	}
