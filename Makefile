@@ -22,13 +22,16 @@ BENCH_ARGS ?=
 CONFORMANCE_ARGS ?=
 IMAGE ?= kube-apicache:latest
 
-.PHONY: all build deps control-plane test unit e2e vet verify-manifests demo bench fuzz image clean
+.PHONY: all build deps control-plane test unit e2e vet verify-manifests docs demo bench fuzz image clean
 .PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists conformance e2e-test
 
 all: build
 
+# The agent, stamped with its provenance (release, commit, commit date) by
+# hack/version.sh, which hack/image and the Dockerfile use too.
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN_DIR)/kube-apicache ./cmd/kube-apicache
+	ldflags=$$(./hack/version.sh) && \
+	  CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$$ldflags" -o $(BIN_DIR)/kube-apicache ./cmd/kube-apicache
 
 # System packages the sandbox needs; installed only when missing.
 deps:
@@ -86,7 +89,13 @@ vet:
 
 verify-manifests:
 	kubectl kustomize manifests/ >/dev/null
+	kubectl kustomize manifests/monitoring/ >/dev/null
 	@echo "manifests render"
+
+# The README's flag and configuration references, generated from the code
+# (a unit test in cmd/kube-apicache fails when they are out of date).
+docs:
+	$(GO) run ./cmd/kube-apicache docs --readme README.md
 
 unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /e2e)
@@ -156,27 +165,46 @@ e2e-test:
 # Container images as OCI image layout archives in $(IMAGES_DIR), built
 # without a Docker engine by hack/image (its own Go module) from the Debian
 # packages in hack/image/packages.txt (apt-get download, dpkg-deb; the
-# .debs are cached in _output/cache/debs) and static Go binaries. Load one
-# into a node's containerd with
+# .debs are cached in _output/cache/debs) and static Go binaries,
+# cross-compiled for each platform. Load one into a node's containerd with
 #   ctr -n k8s.io images import $(IMAGES_DIR)/kube-apicache.oci.tar
-# The Dockerfile builds the same agent image where there is an engine.
-#   make image       the agent, named $(IMAGE)
+# which unpacks the node's own platform. The Dockerfile builds the same
+# agent image where there is an engine.
+#   make image       the agent, named $(IMAGE), for $(IMAGE_PLATFORMS): one
+#                    archive whose index.json points to an image index with
+#                    a manifest per platform (IMAGE_PLATFORMS=linux/amd64:
+#                    that platform's image alone)
 #   make e2e-images  registry.k8s.io/pause:3.10 and kube-apicache-client:e2e
-#                    (/podclient, and $(KUBECTL)) for the real-node e2e
+#                    (/podclient, and $(KUBECTL)) for the real-node e2e,
+#                    linux/amd64 only: the sandbox's node is this machine,
+#                    and the client image carries this machine's kubectl
 IMAGES_DIR ?= $(CURDIR)/_output/images
+IMAGE_PLATFORMS ?= linux/amd64,linux/arm64
 KUBECTL ?= /usr/bin/kubectl
 IMAGE_BUILD = $(GO) -C hack/image run . --go $(GO) --out $(IMAGES_DIR)
 .PHONY: e2e-images
 image: apt-lists
-	$(IMAGE_BUILD) --agent --agent-name $(IMAGE)
+	$(IMAGE_BUILD) --platform $(IMAGE_PLATFORMS) --agent --agent-name $(IMAGE)
 
 e2e-images: apt-lists
-	$(IMAGE_BUILD) --pause --client --kubectl $(KUBECTL)
+	$(IMAGE_BUILD) --platform linux/amd64 --pause --client --kubectl $(KUBECTL)
 
-# apt-get download needs the package lists, which a fresh machine may not
-# have yet.
+# apt-get download needs dpkg to take each platform's Debian architecture
+# (the same name as GOARCH for amd64 and arm64) and apt's package lists for
+# it, which a fresh machine lacks: the missing architectures are added and
+# the lists fetched once; later runs change nothing. amd64 is always among
+# them, for e2e-images.
+comma := ,
+IMAGE_DEB_ARCHS = $(sort amd64 $(foreach p,$(subst $(comma), ,$(IMAGE_PLATFORMS)),$(lastword $(subst /, ,$(p)))))
 apt-lists:
-	@ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1 || apt-get update -qq
+	@set -e; update=; native=$$(dpkg --print-architecture); \
+	for arch in $(IMAGE_DEB_ARCHS); do \
+	  if [ "$$arch" != "$$native" ] && ! dpkg --print-foreign-architectures | grep -qx "$$arch"; then \
+	    echo "dpkg --add-architecture $$arch"; dpkg --add-architecture "$$arch"; update=1; \
+	  fi; \
+	  ls /var/lib/apt/lists/*_binary-$${arch}_Packages* >/dev/null 2>&1 || update=1; \
+	done; \
+	if [ -n "$$update" ]; then echo "apt-get update"; apt-get update -qq; fi
 
 clean:
 	rm -rf _output

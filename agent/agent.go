@@ -42,6 +42,8 @@ type Agent struct {
 	othersCheckAt              time.Time
 	probes                     *probes
 	handler                    http.Handler
+	// metricsServer serves MetricsBindAddress; nil when it is empty.
+	metricsServer *metricsServer
 	// cache answers covered reads; nil when no resource is cached.
 	cache *apicache.Cache
 	// audit records the requests the cache answers; off unless configured.
@@ -66,6 +68,11 @@ type Agent struct {
 	logger         klog.Logger
 	warmedUp       atomic.Bool
 	pinnedUnsynced func() []string
+	// disabled holds the kill switch's reason while interception is
+	// turned off; serviceMismatch how the configured Service VIPs or port
+	// differ from the kubernetes Service, while they do (switches.go).
+	disabled        atomic.Pointer[string]
+	serviceMismatch atomic.Pointer[string]
 	// drain is cancelled when shutdown starts, which ends open watches so
 	// their clients reconnect, now past the removed redirect.
 	drain      context.Context
@@ -128,6 +135,11 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 		now:             time.Now,
 		notIntercepting: errors.New("starting"),
 	}
+	a.metrics.registry.MustRegister(buildInfo(), a.switchCollector(), a.serviceMismatchCollector())
+	if cfg.InterceptionDisabled {
+		reason := "--interception=false (or interception.enabled: false in --config)"
+		a.disabled.Store(&reason)
+	}
 	var err error
 	if a.audit, err = audit.New(cfg.Audit, longRunning); err != nil {
 		return nil, err
@@ -152,6 +164,12 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 	if err := a.newCache(); err != nil {
 		a.removeStale()
 		return nil, err
+	}
+	if cfg.MetricsBindAddress != "" {
+		if a.metricsServer, err = a.newMetricsServer(); err != nil {
+			a.removeStale()
+			return nil, err
+		}
 	}
 	a.handler = a.buildHandler()
 	return a, nil
@@ -222,6 +240,9 @@ func (a *Agent) Ready() error {
 		return errors.New("shutting down")
 	case !a.decided:
 		return fmt.Errorf("starting: %w", a.notIntercepting)
+	}
+	if err := a.serviceConfigErr(); err != nil {
+		return err
 	}
 	return a.syncLoopStuck()
 }
@@ -346,17 +367,19 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	defer stopCert()
 	go a.cert.Run(certCtx)
 
+	serveErr := make(chan error, len(ls)+1)
+	if ml != nil {
+		msrv, err := a.metricsServer.run(certCtx, ml, a.cfg.NodeName, serveErr)
+		if err != nil {
+			return err
+		}
+		defer msrv.Close()
+	}
 	srv := newServer(a.handler, probingCert{certSource: a.cert, probes: a.probes}, a.cfg.Limits)
 	srv.ErrorLog = newServerErrorLog(logger)
 	srv.ConnState = a.metrics.trackConn
-	serveErr := make(chan error, len(ls)+1)
 	for _, l := range ls {
 		go func() { serveErr <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
-	}
-	if ml != nil {
-		msrv := &http.Server{Handler: a.metrics.handler(a.Healthy, a.Ready, a.Intercepting, a.interceptionNote, a.dataplane+" ("+a.dataplaneReason+")", a.cfg.Profiling), ReadHeaderTimeout: 10 * time.Second}
-		go func() { serveErr <- msrv.Serve(ml) }()
-		defer msrv.Close()
 	}
 
 	// The background loops stop before shutdown touches the dataplanes.
@@ -365,6 +388,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	defer func() { stopLoops(); wg.Wait() }()
 	wg.Go(func() { a.up.run(loops, a.cfg.UpstreamHealthPeriod) })
 	wg.Go(func() { a.watchEndpoints(loops) })
+	wg.Go(func() { a.watchService(loops) })
 	if m := a.cfg.DetectLocalMode; m == DetectLocalPodIPs || m == DetectLocalNodeCIDR {
 		wg.Go(func() { a.runDetectLocal(loops) })
 	}
@@ -452,7 +476,11 @@ func (a *Agent) syncAndReport(ctx context.Context) error {
 			"dataplane", a.dataplane, "dataplaneReason", a.dataplaneReason, "iptablesBackend", a.backend,
 			"livenessTimeout", a.cfg.LivenessTimeout)
 	case notReady != nil && wasReady:
-		logger.Error(notReady, "Not intercepting; the kubernetes Service goes to kube-proxy's path")
+		if _, aside := errors.AsType[stepAside](notReady); aside {
+			logger.Info("Not intercepting; the kubernetes Service goes to kube-proxy's path", "reason", notReady.Error())
+		} else {
+			logger.Error(notReady, "Not intercepting; the kubernetes Service goes to kube-proxy's path")
+		}
 	case notReady != nil && notReady.Error() != was.Error():
 		logger.Info("Not intercepting", "reason", notReady.Error())
 	case notReady != nil:
@@ -505,7 +533,7 @@ func (a *Agent) sync(ctx context.Context) (notReady, err error) {
 	if err := a.health(); err != nil {
 		a.syncSawUnhealthy.Store(true)
 		a.clearEntriesLocked(logger)
-		return fmt.Errorf("unhealthy: %w", err), nil
+		return notInterceptingBecause(err), nil
 	}
 	a.syncSawUnhealthy.Store(false)
 	a.removeOthers(logger)

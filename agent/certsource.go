@@ -15,10 +15,11 @@ import (
 func (a *Agent) newCertSource() (certSource, error) {
 	cfg := a.cfg
 	opts := identity.Options{
-		NodeName: cfg.NodeName,
-		SANs:     identity.ServingSANs(cfg.ServiceVIPs, cfg.ListenIPs(), orDefault(cfg.ClusterDomain, DefaultClusterDomain)),
-		CAFile:   orDefault(cfg.PodCAFile, DefaultPodCAFile),
-		StateDir: cfg.CertificateStateDir,
+		NodeName:   cfg.NodeName,
+		SANs:       identity.ServingSANs(cfg.ServiceVIPs, cfg.ListenIPs(), orDefault(cfg.ClusterDomain, DefaultClusterDomain)),
+		CAFile:     orDefault(cfg.PodCAFile, DefaultPodCAFile),
+		StateDir:   cfg.CertificateStateDir,
+		SignerName: cfg.SignerName,
 	}
 	var src interface {
 		certSource

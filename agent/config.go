@@ -3,8 +3,10 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -41,6 +43,10 @@ type Config struct {
 	// ServicePort its port: the destinations that get redirected.
 	ServiceVIPs []netip.Addr
 	ServicePort uint16
+	// InterceptionDisabled starts the agent with its kill switch on: it
+	// runs (cache, metrics, certificate) but leaves the Service to
+	// kube-proxy until SetInterception turns interception on.
+	InterceptionDisabled bool
 
 	// Upstreams are kube-apiserver endpoints, dialled directly and never
 	// through the Service VIP.
@@ -88,6 +94,14 @@ type Config struct {
 	// the last denial are kept for the next container in the pod. Empty:
 	// the key lives in the process only and every start sends a CSR.
 	CertificateStateDir string
+	// SignerName, in CSR mode, is the signer the serving certificate is
+	// requested from (CSR spec.signerName). Empty means
+	// identity.DefaultSignerName, kubernetes.io/kubelet-serving. Another
+	// signer (cert-manager's clusterissuers.cert-manager.io/<name>, a
+	// platform's own) must issue from a CA the pods' CA bundle trusts, and
+	// the approver must be configured for the same name. Unused with
+	// TLSCertFile.
+	SignerName string
 
 	// Chain is the nat chain the agent owns.
 	Chain string
@@ -129,11 +143,19 @@ type Config struct {
 	PodPathCheckInterval time.Duration
 	BypassDuration       time.Duration
 
-	// MetricsBindAddress serves /metrics, /healthz and /readyz; empty
-	// disables it.
+	// MetricsBindAddress (host:port) serves /metrics, /healthz, /livez,
+	// /readyz and /intercepting over HTTPS; empty disables it. Every path
+	// but the health ones needs a bearer token that kube-apiserver
+	// authenticates (TokenReview) and authorizes (SubjectAccessReview, a
+	// nonResourceURL get) (metrics_auth.go).
 	MetricsBindAddress string
+	// MetricsTLSCertFile and MetricsTLSKeyFile hold the metrics listener's
+	// certificate chain and key, reloaded as they change. Both empty: a
+	// self-signed certificate is made at start-up.
+	MetricsTLSCertFile string
+	MetricsTLSKeyFile  string
 	// Profiling adds net/http/pprof's handlers under /debug/pprof/ to the
-	// MetricsBindAddress listener.
+	// MetricsBindAddress listener, which must then be a loopback address.
 	Profiling bool
 
 	// ShutdownGracePeriod bounds how long in-flight requests and watches
@@ -273,6 +295,11 @@ func (c *Config) Validate() error {
 	case c.hasFamily(netrules.IPv6) && !c.ListenAddressIPv6.IsValid():
 		return errors.New("--listen-address-ipv6 is required when a --service-vip is IPv6")
 	}
+	if c.SignerName != "" {
+		if err := identity.ValidateSignerName(c.SignerName); err != nil {
+			return fmt.Errorf("--signer-name: %w", err)
+		}
+	}
 	if err := c.validateDetectLocal(); err != nil {
 		return err
 	}
@@ -283,6 +310,9 @@ func (c *Config) Validate() error {
 		return errors.New("--bypass-duration must be between 1s and 24h")
 	}
 	if err := c.validateListenIPv6(); err != nil {
+		return err
+	}
+	if err := c.validateMetricsBindAddress(); err != nil {
 		return err
 	}
 	switch {
@@ -304,6 +334,12 @@ func (c *Config) Validate() error {
 		return errors.New("--sync-period must be positive")
 	case c.Profiling && c.MetricsBindAddress == "":
 		return errors.New("--profiling needs --metrics-bind-address, which serves it")
+	case c.Profiling && !isLoopbackHostPort(c.MetricsBindAddress):
+		return fmt.Errorf("--profiling needs a loopback --metrics-bind-address (such as %s), not %q: profiles expose the process's memory", DefaultMetricsBindAddress, c.MetricsBindAddress)
+	case (c.MetricsTLSCertFile == "") != (c.MetricsTLSKeyFile == ""):
+		return errors.New("--metrics-tls-cert-file and --metrics-tls-private-key-file go together (neither: a self-signed certificate)")
+	case c.MetricsTLSCertFile != "" && c.MetricsBindAddress == "":
+		return errors.New("--metrics-tls-cert-file needs --metrics-bind-address, which serves it")
 	case c.UpstreamCheckTimeout <= 0:
 		return errors.New("--upstream-check-timeout must be positive")
 	case c.ShutdownGracePeriod < 0:
@@ -354,6 +390,41 @@ func (c *Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// validateMetricsBindAddress checks that a set MetricsBindAddress is
+// host:port.
+func (c *Config) validateMetricsBindAddress() error {
+	if c.MetricsBindAddress == "" {
+		return nil
+	}
+	host, port, err := net.SplitHostPort(c.MetricsBindAddress)
+	if err != nil {
+		return fmt.Errorf("--metrics-bind-address %q must be host:port ([IP]:port for IPv6): %w", c.MetricsBindAddress, err)
+	}
+	if host == "" && strings.HasPrefix(c.MetricsBindAddress, "[") {
+		// "[$(HOST_IP)]:port" with HOST_IP unset: listening on every
+		// address (the listen address among them) was not asked for.
+		return fmt.Errorf("--metrics-bind-address %q has empty brackets for its host (an unset variable?); give an IP, or leave the host out to listen on every address", c.MetricsBindAddress)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("--metrics-bind-address %q must have a port in 1-65535", c.MetricsBindAddress)
+	}
+	return nil
+}
+
+// isLoopbackHostPort says whether hostport's host is a loopback IP or
+// localhost.
+func isLoopbackHostPort(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 // validateListenIPv6 checks the IPv6 listen address, when one is set.

@@ -53,6 +53,14 @@ func TestConfigValidate(t *testing.T) {
 		{"no upstream health period", func(c *Config) { c.UpstreamHealthPeriod = 0 }, "--upstream-health-period"},
 		{"profiling without a metrics listener", func(c *Config) { c.Profiling = true }, "--profiling needs --metrics-bind-address"},
 		{"profiling on the metrics listener", func(c *Config) { c.Profiling, c.MetricsBindAddress = true, DefaultMetricsBindAddress }, ""},
+		{"profiling on an IPv6 loopback metrics listener", func(c *Config) { c.Profiling, c.MetricsBindAddress = true, "[::1]:10445" }, ""},
+		{"profiling on a node IP", func(c *Config) { c.Profiling, c.MetricsBindAddress = true, "10.0.0.7:10445" }, "--profiling needs a loopback --metrics-bind-address"},
+		{"profiling on every address", func(c *Config) { c.Profiling, c.MetricsBindAddress = true, ":10445" }, "--profiling needs a loopback --metrics-bind-address"},
+		{"metrics bind address without a port", func(c *Config) { c.MetricsBindAddress = "10.0.0.7" }, "--metrics-bind-address"},
+		{"metrics bind address with port 0", func(c *Config) { c.MetricsBindAddress = "10.0.0.7:0" }, "port in 1-65535"},
+		{"bracketed IPv4 metrics bind address", func(c *Config) { c.MetricsBindAddress = "[10.0.0.7]:10445" }, ""},
+		{"metrics certificate without its key", func(c *Config) { c.MetricsBindAddress, c.MetricsTLSCertFile = DefaultMetricsBindAddress, "c" }, "go together"},
+		{"metrics certificate without a metrics listener", func(c *Config) { c.MetricsTLSCertFile, c.MetricsTLSKeyFile = "c", "k" }, "needs --metrics-bind-address"},
 		{"built-in chain", func(c *Config) { c.Chain = "PREROUTING" }, "belongs to the kernel or kube-proxy"},
 		{"kube-proxy chain", func(c *Config) { c.Chain = "KUBE-SERVICES" }, "belongs to the kernel or kube-proxy"},
 		{"loopback listen address", func(c *Config) { c.ListenAddress = netip.MustParseAddrPort("127.0.0.5:10443") }, "loopback"},
@@ -95,6 +103,12 @@ func TestConfigValidate(t *testing.T) {
 		{"plain http upstream", func(c *Config) { c.Upstreams[0], _ = url.Parse("http://10.0.0.2:6443") }, "https://host:port"},
 		{"upstream with query", func(c *Config) { c.Upstreams[0], _ = url.Parse("https://10.0.0.2:6443?x=1") }, "https://host:port"},
 		{"upstream with credentials", func(c *Config) { c.Upstreams[0], _ = url.Parse("https://u:secret@10.0.0.2:6443") }, "https://host:port"},
+		// The signer: the default, a custom signer, a malformed name and a
+		// kubernetes.io signer that issues no serving certificates.
+		{"default signer", func(c *Config) { c.SignerName = "kubernetes.io/kubelet-serving" }, ""},
+		{"custom signer", func(c *Config) { c.SignerName = "clusterissuers.cert-manager.io/node-serving" }, ""},
+		{"signer without a path", func(c *Config) { c.SignerName = "example.com" }, "--signer-name"},
+		{"client signer", func(c *Config) { c.SignerName = "kubernetes.io/kube-apiserver-client" }, "--signer-name"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -20,7 +20,7 @@ func newInterceptionMetrics(reg prometheus.Registerer, up *upstreams) *intercept
 	m := &interceptionMetrics{
 		liveness: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_liveness_refreshes_total",
-			Help: "Liveness ticks, by result: refreshed (entry kept alive), unhealthy (entry deleted), skipped (not intercepting), error.",
+			Help: "Liveness ticks, by result: refreshed (entry kept alive), unhealthy (entry deleted), stepped-aside (entry deleted on purpose: the kill switch, Service VIPs that do not match the Service), skipped (not intercepting), error.",
 		}, []string{"result"}),
 		selfChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_self_checks_total",

@@ -34,6 +34,9 @@ func (a *Agent) probeTimeout() time.Duration {
 // (listenerHealth): one family's failure takes only that family's VIPs
 // back to kube-proxy.
 func (a *Agent) health() error {
+	if err := a.switchedOff(); err != nil {
+		return err
+	}
 	if err := a.cert.Ready(); err != nil {
 		return fmt.Errorf("serving certificate not ready: %w", err)
 	}
@@ -143,12 +146,20 @@ func (a *Agent) runLiveness(ctx context.Context) {
 		refreshed := false
 		switch {
 		case healthErr != nil:
-			a.interception.liveness.WithLabelValues("unhealthy").Inc()
-			if a.Intercepting() == nil {
+			if _, aside := errors.AsType[stepAside](healthErr); aside {
+				// On purpose (the kill switch, a configuration that does
+				// not match the Service): not a failure to alert on.
+				a.interception.liveness.WithLabelValues("stepped-aside").Inc()
+			} else {
+				a.interception.liveness.WithLabelValues("unhealthy").Inc()
+			}
+			if _, aside := errors.AsType[stepAside](healthErr); a.Intercepting() == nil && aside {
+				logger.Info("Handing the VIP back to kube-proxy", "reason", healthErr.Error())
+			} else if a.Intercepting() == nil {
 				logger.Error(healthErr, "Agent unhealthy; handing the VIP back to kube-proxy")
 			}
 			a.clearEntries(logger)
-			a.setNotIntercepting(fmt.Errorf("unhealthy: %w", healthErr))
+			a.setNotIntercepting(notInterceptingBecause(healthErr))
 			a.requestSync()
 		case !a.anyActive():
 			// Not intercepting (start-up, failed sync or self-check): the

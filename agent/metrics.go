@@ -165,10 +165,11 @@ func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// handler serves /metrics, /healthz (healthy), /readyz (ready) and
-// /intercepting (intercepting), each 200 "ok" or 503 with the reason, and
-// with profiling the pprof endpoints.
-func (m *metrics) handler(healthy, ready, intercepting func() error, note func() string, dataplane string, profiling bool) http.Handler {
+// handler serves /metrics, /healthz and /livez (healthy), /readyz (ready)
+// and /intercepting (intercepting), each 200 "ok" or 503 with the reason,
+// and with profiling the pprof endpoints. It checks no credentials: the
+// metrics listener serves it behind metricsAuth.secure.
+func (m *metrics) handler(healthy, ready, intercepting func() error, note func() string, dataplane string, profiling bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	if profiling {
 		// pprof.Index also serves the named profiles (heap, goroutine,
@@ -180,7 +181,7 @@ func (m *metrics) handler(healthy, ready, intercepting func() error, note func()
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
-	for path, check := range map[string]func() error{"/healthz": healthy, "/readyz": ready, "/intercepting": intercepting} {
+	for path, check := range map[string]func() error{"/healthz": healthy, "/livez": healthy, "/readyz": ready, "/intercepting": intercepting} {
 		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) {
 			if err := check(); err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
@@ -190,7 +191,7 @@ func (m *metrics) handler(healthy, ready, intercepting func() error, note func()
 			if n := note(); n != "" && path == "/intercepting" {
 				msg += "; " + n
 			}
-			if dataplane != "" && path != "/healthz" {
+			if dataplane != "" && path != "/healthz" && path != "/livez" {
 				msg += "; dataplane " + dataplane
 			}
 			_, _ = w.Write([]byte(msg))

@@ -293,16 +293,12 @@ func TestCertificatesAtFleetScale(t *testing.T) {
 // agentStatus returns the body of the agent's endpoint that says why it
 // does not intercept: /intercepting, or /readyz where there is none.
 func agentStatus(ctx context.Context, c *sandbox.Cluster) string {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: c.Node.DialContext, DisableKeepAlives: true}}
 	for _, path := range []string{"/intercepting", "/readyz"} {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sandbox.AgentMetricsAddr+path, nil)
-		resp, err := client.Do(req)
+		code, b, err := sandbox.AgentGetWithToken(ctx, c.Node, sandbox.AgentMetricsAddr, path, "", 5*time.Second)
 		if err != nil {
 			return ""
 		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusNotFound {
+		if code != http.StatusNotFound {
 			return string(b)
 		}
 	}

@@ -145,6 +145,12 @@ func (at *attacks) checkVictimAgainst(t *testing.T, ctx context.Context, when st
 // send makes one request through the Service VIP and returns the code and
 // body.
 func (at *attacks) send(ctx context.Context, hc *http.Client, method, path, token string, body io.Reader) (int, []byte) {
+	return vipRequest(ctx, hc, method, path, token, body)
+}
+
+// vipRequest sends one request to the Service VIP with token (none if
+// empty) and returns the status (0 if none came) and the body.
+func vipRequest(ctx context.Context, hc *http.Client, method, path, token string, body io.Reader) (int, []byte) {
 	req, err := http.NewRequestWithContext(ctx, method, vipURL(path), body)
 	if err != nil {
 		return 0, nil
@@ -354,47 +360,85 @@ func (at *attacks) heldBackBodies(t *testing.T) {
 // victim's p99 is within twice what it is under the same number of
 // ordinary forwarded requests from that tenant (on this machine's two
 // cores, any concurrent load slows the victim; the attack must cost it no
-// more than ordinary load).
+// more than ordinary load). One p99 over 200 reads is the second-slowest
+// read, which a single scheduling hiccup of this shared machine sets: the
+// two loads alternate over two rounds and the better p99 of each is
+// compared, so a hiccup must strike both rounds of the attack to count.
 func (at *attacks) bogusTokens(t *testing.T) {
 	ctx := context.Background()
 	base, _ := at.heap(t, ctx)
 	hc := vipClient(t, at.nobody, true)
 	configmaps := "/api/v1/namespaces/" + cacheNS + "/configmaps"
+	services := "/api/v1/namespaces/" + cacheNS + "/services"
 
-	// Ordinary load: the tenant's own token, a read the cache does not
-	// cover; kube-apiserver answers 403.
-	ordinary, ordinaryCodes := at.underLoad(t, ctx, hc, configmaps, func(int) string { return at.nobody.Token })
+	const rounds = 2
+	var ordinary, bogus []time.Duration
+	var ordinaryCodes, codes map[int]int
+	var reviews, throttled float64
+	var took time.Duration
+	for round := range rounds {
+		// Ordinary load: the tenant's own token, a read the cache does
+		// not cover; kube-apiserver answers 403.
+		p99, c := at.underLoad(t, ctx, hc, configmaps, func(int) string { return at.nobody.Token })
+		ordinary = append(ordinary, p99)
+		ordinaryCodes = mergeCodes(ordinaryCodes, c)
 
-	before := scrapeAgent(t, ctx, at.a)
-	start := time.Now()
-	p99, codes := at.underLoad(t, ctx, hc, "/api/v1/namespaces/"+cacheNS+"/services",
-		func(i int) string { return fmt.Sprintf("bogus-%d-%d", start.UnixNano(), i) })
-	took := time.Since(start)
-	after := scrapeAgent(t, ctx, at.a)
-	reviews := sumWhere(after["kube_apicache_access_reviews_total"], map[string]string{"review": "token"}) -
-		sumWhere(before["kube_apicache_access_reviews_total"], map[string]string{"review": "token"})
-	throttled := sumWhere(after["kube_apicache_access_reviews_throttled_total"], map[string]string{"review": "token"}) -
-		sumWhere(before["kube_apicache_access_reviews_throttled_total"], map[string]string{"review": "token"})
+		before := scrapeAgent(t, ctx, at.a)
+		start := time.Now()
+		p99, c = at.underLoad(t, ctx, hc, services,
+			func(i int) string { return fmt.Sprintf("bogus-%d-%d-%d", start.UnixNano(), round, i) })
+		took += time.Since(start)
+		after := scrapeAgent(t, ctx, at.a)
+		bogus = append(bogus, p99)
+		codes = mergeCodes(codes, c)
+		reviews += sumWhere(after["kube_apicache_access_reviews_total"], map[string]string{"review": "token"}) -
+			sumWhere(before["kube_apicache_access_reviews_total"], map[string]string{"review": "token"})
+		throttled += sumWhere(after["kube_apicache_access_reviews_throttled_total"], map[string]string{"review": "token"}) -
+			sumWhere(before["kube_apicache_access_reviews_throttled_total"], map[string]string{"review": "token"})
+	}
 	sent := 0
 	for _, n := range codes {
 		sent += n
 	}
-	figuref(t, "attacks/%s: %d bogus tokens in %v: %v TokenReviews sent, %v throttled and forwarded; answers %v",
-		t.Name(), sent, took.Round(time.Millisecond), reviews, throttled, codes)
-	figuref(t, "attacks/%s: victim's cached-read p99 quiet %v, under %v ordinary forwarded requests %v, under the bogus tokens %v (ratio to ordinary %.2f)",
-		t.Name(), at.quiet.Round(time.Microsecond), ordinaryCodes, ordinary.Round(time.Microsecond), p99.Round(time.Microsecond), float64(p99)/float64(ordinary))
-	if p99 > 2*ordinary && p99 > 20*time.Millisecond {
-		t.Errorf("victim's p99 under the bogus tokens %v, more than twice its p99 under ordinary load %v", p99, ordinary)
+	figuref(t, "attacks/%s: %d bogus tokens in %v over %d rounds: %v TokenReviews sent, %v throttled and forwarded; answers %v",
+		t.Name(), sent, took.Round(time.Millisecond), rounds, reviews, throttled, codes)
+	best, bestOrdinary := slices.Min(bogus), slices.Min(ordinary)
+	figuref(t, "attacks/%s: victim's cached-read p99 quiet %v, under %v ordinary forwarded requests %v (best of %v), under the bogus tokens %v (best of %v; ratio to ordinary %.2f)",
+		t.Name(), at.quiet.Round(time.Microsecond), ordinaryCodes, bestOrdinary.Round(time.Microsecond), roundDurations(ordinary),
+		best.Round(time.Microsecond), roundDurations(bogus), float64(best)/float64(bestOrdinary))
+	if best > 2*bestOrdinary && best > 20*time.Millisecond {
+		t.Errorf("victim's p99 under the bogus tokens %v (best of %d rounds), more than twice its p99 under ordinary load %v", best, rounds, bestOrdinary)
 	}
 	// The tenant's share: the burst plus the rate over the attack, and a
-	// few reviews the victim may need meanwhile (from its own share).
-	if share := 30 + 5*took.Seconds() + 4; reviews > share {
+	// few reviews the victim may need meanwhile (from its own share). The
+	// share refills between rounds (at most the burst again).
+	if share := rounds*(30+4) + 5*took.Seconds(); reviews > share {
 		t.Errorf("%v TokenReviews for one tenant's bogus tokens, want at most its share %.0f", reviews, share)
 	}
 	if codes[http.StatusUnauthorized] != sent {
 		t.Errorf("answers to bogus tokens %v, want 401 from kube-apiserver for all", codes)
 	}
 	at.checkHeap(t, ctx, "after the attack", base)
+}
+
+// mergeCodes adds the answers by code of b to a, which may be nil.
+func mergeCodes(a, b map[int]int) map[int]int {
+	if a == nil {
+		a = map[int]int{}
+	}
+	for code, n := range b {
+		a[code] += n
+	}
+	return a
+}
+
+// roundDurations formats one duration per round, rounded for a figure.
+func roundDurations(ds []time.Duration) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Microsecond).String()
+	}
+	return out
 }
 
 // underLoad measures the victim's p99 while the tenant's client sends GETs

@@ -246,15 +246,14 @@ func podCAPool(t *testing.T, pod *sandbox.Pod) *x509.CertPool {
 }
 
 // agentEndpoint returns the status code and body of one of the agent's
-// health paths (/healthz, /readyz, /intercepting), asked from the node.
+// health paths (/healthz, /readyz, /intercepting), asked anonymously from
+// the node, as the kubelet probes them: on the DaemonSet's agent where it
+// runs (it listens on the node's IP), else on the sandbox agent's address.
 func agentEndpoint(ctx context.Context, c *sandbox.Cluster, path string) (int, string, error) {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: c.Node.DialContext}}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sandbox.AgentMetricsAddr+path, nil)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, "", err
+	addr := sandbox.AgentMetricsAddr
+	if a, err := c.DaemonSetAgentMetricsAddr(ctx); err == nil {
+		addr = a
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, strings.TrimSpace(string(b)), err
+	code, b, err := sandbox.AgentGetWithToken(ctx, c.Node, addr, path, "", 5*time.Second)
+	return code, strings.TrimSpace(string(b)), err
 }

@@ -28,6 +28,7 @@ import (
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/kube-apicache/kube-apicache/agent"
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
 
@@ -86,7 +87,9 @@ func TestRealNodeDaemonSet(t *testing.T) {
 	// The iptables dataplane, next to kube-proxy's iptables mode (auto
 	// would pick nftables on this nf_tables-backed node;
 	// TestRealNodeNFTables runs that one).
-	s := &dsScenario{c: c, node: rn, overlay: writeOverlay(t, "--dataplane=iptables")}
+	// Set in the configuration, as an operator would: the overlay changes
+	// the image and the ConfigMap, nothing else.
+	s := &dsScenario{c: c, node: rn, overlay: writeOverlay(t, "dataplane:\n  mode: iptables\n")}
 	steps := []struct {
 		name string
 		run  func(t *testing.T, ctx context.Context)
@@ -132,7 +135,7 @@ func startRealNodeSandbox(t *testing.T, ctx context.Context, binDir string, imag
 	t.Cleanup(func() {
 		if !stopped {
 			if t.Failed() {
-				t.Logf("sandbox logs:\n%s", c.Logs(60))
+				t.Logf("sandbox logs:\n%s", c.Logs(200))
 			}
 			_ = c.Stop()
 		}
@@ -175,12 +178,12 @@ func realNodeBinDir() string {
 }
 
 // writeOverlay writes the kustomization an operator would: the shipped
-// manifests and the image, and agentArgs. kustomize takes a base only by a
-// relative path.
-func writeOverlay(t *testing.T, agentArgs ...string) string {
+// manifests, the image, and config added to the shipped configuration.
+// kustomize takes a base only by a relative path.
+func writeOverlay(t *testing.T, config string) string {
 	t.Helper()
 	dir := t.TempDir()
-	if err := sandbox.WriteOverlay(dir, realAgentImage, agentArgs...); err != nil {
+	if err := sandbox.WriteOverlay(dir, realAgentImage, config); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -390,6 +393,7 @@ func (s *dsScenario) install(t *testing.T, ctx context.Context) {
 		return code == http.StatusOK
 	})
 	figuref(t, "install: intercepting %s after the pod was Ready", took.Round(time.Millisecond))
+	s.checkStatusCommand(t, ctx)
 
 	if s.nft {
 		s.assertNFTInstalled(t, ctx)
@@ -1183,4 +1187,44 @@ func (s *dsScenario) uninstall(t *testing.T, ctx context.Context) {
 	sort.Strings(left)
 	figuref(t, "uninstall: kubectl delete -k to pods gone %s; no chain, jump, set or address left (hooks: %q); the pod's kubectl reached kube-apiserver directly (%d requests)",
 		gone.Round(time.Millisecond), left, direct)
+}
+
+// checkStatusCommand runs `kube-apicache status` as an operator would, with
+// the admin's kubeconfig, and checks that it reports this node's agent
+// intercepting, ready and with a healthy upstream.
+func (s *dsScenario) checkStatusCommand(t *testing.T, ctx context.Context) {
+	t.Helper()
+	out, err := s.c.AdminCommand(ctx, agentBin, "status").CombinedOutput()
+	if err != nil {
+		t.Fatalf("kube-apicache status: %v\n%s", err, out)
+	}
+	figuref(t, "install: kube-apicache status:\n%s", out)
+	if !strings.Contains(string(out), "1 agents: 1 intercepting, 0 not, 0 not answering") {
+		t.Errorf("kube-apicache status does not report one intercepting agent:\n%s", out)
+	}
+	out, err = s.c.AdminCommand(ctx, agentBin, "status", "-o", "json").Output()
+	if err != nil {
+		t.Fatalf("kube-apicache status -o json: %v", err)
+	}
+	var rows []struct {
+		Node   string        `json:"node"`
+		Status *agent.Status `json:"status"`
+	}
+	if err := json.Unmarshal(out, &rows); err != nil {
+		t.Fatalf("kube-apicache status -o json: %v\n%s", err, out)
+	}
+	if len(rows) != 1 || rows[0].Node != sandbox.NodeName || rows[0].Status == nil {
+		t.Fatalf("kube-apicache status -o json: %s", out)
+	}
+	st := rows[0].Status
+	healthy := 0
+	for _, u := range st.Upstreams {
+		if u.Healthy {
+			healthy++
+		}
+	}
+	if !st.Intercepting || !st.Ready || healthy == 0 || st.CertificateNotAfter == nil {
+		t.Errorf("status of the agent: intercepting %v, ready %v, %d healthy upstreams, certificate until %v; want intercepting, ready, a healthy upstream and a certificate",
+			st.Intercepting, st.Ready, healthy, st.CertificateNotAfter)
+	}
 }

@@ -53,7 +53,7 @@ func TestRealNodeNFTables(t *testing.T) {
 	c, rn, stop := startRealNodeSandbox(t, ctx, realNodeBinDir(), images, "nftables")
 	figuref(t, "nftables real node up in %s, kube-proxy in nftables mode", rn.Timings.KubeProxy)
 
-	s := &dsScenario{c: c, node: rn, overlay: writeOverlay(t), nft: true}
+	s := &dsScenario{c: c, node: rn, overlay: writeOverlay(t, ""), nft: true}
 	for _, step := range []struct {
 		name string
 		run  func(t *testing.T, ctx context.Context)
@@ -277,7 +277,7 @@ func (s *dsScenario) setAgentArgs(t *testing.T, ctx context.Context, extra ...st
 	if err != nil || old == nil {
 		t.Fatalf("the agent pod: %v", err)
 	}
-	if err := sandbox.WriteOverlay(s.overlay, realAgentImage, extra...); err != nil {
+	if err := sandbox.WriteOverlay(s.overlay, realAgentImage, "", extra...); err != nil {
 		t.Fatal(err)
 	}
 	s.mustKubectl(t, ctx, "apply", "-k", s.overlay)

@@ -21,8 +21,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/clock"
-
-	"github.com/kube-apicache/kube-apicache/agent/identity"
 )
 
 // ControllerOptions tune a Controller.
@@ -42,17 +40,17 @@ type ControllerOptions struct {
 const nodeIndex = "node"
 
 // Controller applies a Policy to pending CertificateSigningRequests: it
-// watches the kubelet-serving CSRs, ignores those the policy does not own,
+// watches the CSRs for the policy's signer, ignores those it does not own,
 // those already decided and those no agent waits for any more (older than
 // MaxAge; or, where it would approve, superseded by a newer CSR from the
 // same node), and records Approved or Denied (with the reason) on the
 // others.
 //
-// Its informer holds only kubelet-serving CSRs (a field selector on
-// spec.signerName), and of those only what the decisions read: a CSR that
-// needs no decision (decided, not the policy's, stale) keeps only its name,
-// age, requester, node and condition types; the others lose their managed
-// fields.
+// Its informer holds only the CSRs for the policy's signer (a field
+// selector on spec.signerName), and of those only what the decisions
+// read: a CSR that needs no decision (decided, not the policy's, stale)
+// keeps only its name, age, requester, node and condition types; the
+// others lose their managed fields.
 type Controller struct {
 	// Fixed at construction.
 	policy  *Policy
@@ -71,7 +69,10 @@ type Controller struct {
 }
 
 // NewController returns a controller that decides with policy and writes
-// through client.
+// through client. policy.SignerName should pass
+// identity.ValidateSignerName: the informer's field selector names it, and
+// no CSR can carry a name that does not, so the controller would wait for
+// CSRs that never come.
 func NewController(client kubernetes.Interface, policy *Policy, opts ControllerOptions) *Controller {
 	c := &Controller{
 		policy:  policy,
@@ -90,7 +91,7 @@ func NewController(client kubernetes.Interface, policy *Policy, opts ControllerO
 	}
 	c.factory = informers.NewSharedInformerFactoryWithOptions(client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("spec.signerName", identity.SignerName).String()
+			o.FieldSelector = fields.OneTermEqualSelector("spec.signerName", policy.Signer()).String()
 		}),
 		informers.WithTransform(c.trim))
 	inf := c.factory.Certificates().V1().CertificateSigningRequests()
@@ -108,7 +109,7 @@ func NewController(client kubernetes.Interface, policy *Policy, opts ControllerO
 	})
 	_ = c.metrics.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_apicache_approver_cached_csrs",
-		Help: "kubelet-serving CSRs held by the leader's informer.",
+		Help: "CSRs for the approver's signer held by the leader's informer.",
 	}, func() float64 { return float64(len(c.indexer.ListKeys())) }))
 	return c
 }
@@ -128,7 +129,7 @@ func (c *Controller) Run(ctx context.Context, workers int) error {
 	}
 	c.running.Store(true)
 	defer c.running.Store(false)
-	logger.Info("Approving kube-apicache serving certificates", "agent", c.policy.AgentUser,
+	logger.Info("Approving kube-apicache serving certificates", "signer", c.policy.Signer(), "agent", c.policy.AgentUser,
 		"dnsNames", c.policy.SANs.DNSNames, "ips", c.policy.SANs.IPs, "workers", workers, "maxAge", c.opts.MaxAge)
 	for range workers {
 		go wait.UntilWithContext(ctx, c.worker, time.Second)
@@ -248,10 +249,12 @@ func (c *Controller) newerFromSameNode(csr *certificatesv1.CertificateSigningReq
 }
 
 // nodeOf is the node index function: the node of a CSR from the agents'
-// ServiceAccount.
+// ServiceAccount for the policy's signer. The field selector keeps other
+// signers' CSRs out of the informer; should one get in anyway, it must not
+// supersede an agent's request.
 func (c *Controller) nodeOf(obj any) ([]string, error) {
 	csr, ok := obj.(*certificatesv1.CertificateSigningRequest)
-	if !ok || csr.Spec.Username != c.policy.AgentUser {
+	if !ok || csr.Spec.Username != c.policy.AgentUser || csr.Spec.SignerName != c.policy.Signer() {
 		return nil, nil
 	}
 	if nodes := csr.Spec.Extra[NodeNameExtra]; len(nodes) == 1 && nodes[0] != "" {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,8 +17,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
@@ -79,6 +82,84 @@ func TestController(t *testing.T) {
 	}
 	if c := conditions("denied-before"); len(c) != 1 || c[0].Reason != "ByHand" {
 		t.Errorf("denied-before: conditions %+v, want the operator's denial alone", c)
+	}
+}
+
+// TestControllerCustomSigner: given an approver configured for a custom
+// signer, its informer asks kube-apiserver for that signer's CSRs only;
+// and even where the server does not filter (the fake clientset ignores
+// field selectors), it approves the agent's good CSR for that signer,
+// denies a bad one for it, and leaves the agent's otherwise good
+// kubelet-serving CSR and a kubelet-serving CSR naming the Service as
+// they were.
+func TestControllerCustomSigner(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	mk := func(name, signer string, edit func(*x509.CertificateRequest, *certificatesv1.CertificateSigningRequest)) *certificatesv1.CertificateSigningRequest {
+		tmpl, csr := good()
+		csr.Spec.SignerName = signer
+		if edit != nil {
+			edit(tmpl, csr)
+		}
+		csr.Name = name
+		csr.Spec.Request = encode(t, tmpl, ecKey)
+		return csr
+	}
+	client := fake.NewClientset(
+		mk("custom-good", customSigner, nil),
+		mk("custom-extra-san", customSigner, func(r *x509.CertificateRequest, _ *certificatesv1.CertificateSigningRequest) {
+			r.DNSNames = append(r.DNSNames, "evil.example.com")
+		}),
+		mk("kubelet-serving-agent", certificatesv1.KubeletServingSignerName, nil),
+		mk("kubelet-serving-other", certificatesv1.KubeletServingSignerName, func(_ *x509.CertificateRequest, c *certificatesv1.CertificateSigningRequest) {
+			c.Spec.Username = "system:node:" + node
+		}),
+	)
+	var selectors sync.Map
+	client.PrependReactor("list", "certificatesigningrequests", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		selectors.Store(action.(clienttesting.ListAction).GetListRestrictions().Fields.String(), true)
+		return false, nil, nil
+	})
+	policy := testPolicy()
+	policy.SignerName = customSigner
+	go func() { _ = NewController(client, policy, ControllerOptions{}).Run(ctx, 2) }()
+
+	conditions := func(name string) []certificatesv1.CertificateSigningRequestCondition {
+		csr, err := client.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return csr.Status.Conditions
+	}
+	err := wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(context.Context) (bool, error) {
+		return len(conditions("custom-good")) > 0 && len(conditions("custom-extra-san")) > 0, nil
+	})
+	if err != nil {
+		t.Fatalf("no decisions: %v", err)
+	}
+	want := "spec.signerName=" + customSigner
+	selectors.Range(func(k, _ any) bool {
+		if k.(string) != want {
+			t.Errorf("listed CSRs with field selector %q, want %q", k, want)
+		}
+		return true
+	})
+	if _, ok := selectors.Load(want); !ok {
+		t.Errorf("never listed CSRs with field selector %q", want)
+	}
+	if c := conditions("custom-good"); len(c) != 1 || c[0].Type != certificatesv1.CertificateApproved || c[0].Reason != ReasonApproved {
+		t.Errorf("custom-good: conditions %+v, want one Approved", c)
+	}
+	if c := conditions("custom-extra-san"); len(c) != 1 || c[0].Type != certificatesv1.CertificateDenied || c[0].Reason != ReasonWrongSANs {
+		t.Errorf("custom-extra-san: conditions %+v, want one Denied %s", c, ReasonWrongSANs)
+	}
+	// Let the workers see the remaining objects; neither may change.
+	time.Sleep(200 * time.Millisecond)
+	for _, name := range []string{"kubelet-serving-agent", "kubelet-serving-other"} {
+		if c := conditions(name); len(c) != 0 {
+			t.Errorf("%s: conditions %+v, want none (another signer's CSR)", name, c)
+		}
 	}
 }
 

@@ -36,6 +36,21 @@ type Policy struct {
 	// stolen agent token must not buy a certificate for the kubernetes
 	// Service names that outlives the token by months.
 	MaxLifetime time.Duration
+	// SignerName is the signer whose CSRs the approver decides, the
+	// agents' --signer-name; empty means identity.DefaultSignerName. CSRs
+	// for any other signer are not the approver's: it never approves or
+	// denies them (nor may it: its RBAC grants `approve` on this signer
+	// alone). Must pass identity.ValidateSignerName.
+	SignerName string
+}
+
+// Signer returns the signer whose CSRs p decides: SignerName, or
+// identity.DefaultSignerName if that is empty.
+func (p *Policy) Signer() string {
+	if p.SignerName != "" {
+		return p.SignerName
+	}
+	return identity.DefaultSignerName
 }
 
 // Reasons on the Approved or Denied condition.
@@ -63,13 +78,15 @@ func deny(reason, format string, args ...any) Decision {
 	return Decision{Reason: reason, Message: fmt.Sprintf(format, args...)}
 }
 
-// Owns reports whether the approver decides csr: a kubelet-serving CSR that
+// Owns reports whether the approver decides csr: a CSR for p's signer that
 // either comes from the agent's ServiceAccount or asks for any of the
-// kubernetes Service's names or IPs, or a wildcard covering one (nobody else may get a certificate pods
-// would take for kube-apiserver). Kubelets' own serving CSRs are neither,
-// and are left to whoever approves them.
+// kubernetes Service's names or IPs, or a wildcard covering one (nobody
+// else may get a certificate pods would take for kube-apiserver from this
+// signer). Kubelets' own serving CSRs are neither, and are left to
+// whoever approves them; so is every CSR for another signer, even the
+// agent's.
 func (p *Policy) Owns(csr *certificatesv1.CertificateSigningRequest) bool {
-	if csr.Spec.SignerName != identity.SignerName {
+	if csr.Spec.SignerName != p.Signer() {
 		return false
 	}
 	if csr.Spec.Username == p.AgentUser {
@@ -102,15 +119,17 @@ func (p *Policy) Owns(csr *certificatesv1.CertificateSigningRequest) bool {
 	return false
 }
 
-// Decide approves csr only if every rule holds: the expected signer, the
+// Decide approves csr only if every rule holds: p's signer, the
 // agent's ServiceAccount as requester, a node name bound to the requester's
 // token that matches the subject, exactly the allowed SANs, and exactly the
 // serving usages for the key type. The first rule that fails is the reason
 // for the denial.
 func (p *Policy) Decide(csr *certificatesv1.CertificateSigningRequest) Decision {
 	spec := &csr.Spec
-	if spec.SignerName != identity.SignerName {
-		return deny(ReasonWrongSigner, "signer %q is not %q", spec.SignerName, identity.SignerName)
+	// The controller passes only CSRs that Owns, which are for p's signer;
+	// this holds the line for any other caller.
+	if spec.SignerName != p.Signer() {
+		return deny(ReasonWrongSigner, "signer %q is not %q", spec.SignerName, p.Signer())
 	}
 	if spec.Username != p.AgentUser {
 		return deny(ReasonWrongRequester, "requester %q is not the agent's ServiceAccount %q", spec.Username, p.AgentUser)

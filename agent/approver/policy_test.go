@@ -379,6 +379,80 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// customSigner is a signer other than kubelet-serving, as cert-manager
+// names its ClusterIssuers' signers.
+const customSigner = "clusterissuers.cert-manager.io/kube-apicache"
+
+// TestSigner: a policy owns, and may approve, only CSRs for its own signer
+// (kubelet-serving unless SignerName says otherwise). A CSR for any other
+// signer is not owned, whoever sent it, and Decide denies it as
+// WrongSigner should it ever be asked.
+func TestSigner(t *testing.T) {
+	custom := testPolicy()
+	custom.SignerName = customSigner
+	tests := []struct {
+		name   string
+		policy *Policy
+		// signer is the CSR's spec.signerName; requester, if set, replaces
+		// the agent's ServiceAccount.
+		signer, requester string
+		wantOwns          bool
+		// wantReason is empty for approval.
+		wantReason string
+	}{{
+		// An empty SignerName is the kubelet-serving signer.
+		name: "default policy, kubelet-serving CSR", policy: testPolicy(), signer: "kubernetes.io/kubelet-serving",
+		wantOwns: true,
+	}, {
+		name: "default policy, CSR for a custom signer", policy: testPolicy(), signer: customSigner,
+		wantReason: ReasonWrongSigner,
+	}, {
+		// The agent's request to the configured custom signer, otherwise
+		// good: approved.
+		name: "custom policy, CSR for its signer", policy: custom, signer: customSigner,
+		wantOwns: true,
+	}, {
+		// Someone else naming the Service to the custom signer is the
+		// approver's business, and denied.
+		name: "custom policy, other requester naming the Service", policy: custom, signer: customSigner, requester: "system:node:" + node,
+		wantOwns: true, wantReason: ReasonWrongRequester,
+	}, {
+		// The agent's otherwise good request to kubelet-serving, when the
+		// approver is configured for another signer: left alone (its RBAC
+		// has no approve on kubelet-serving either).
+		name: "custom policy, agent's kubelet-serving CSR", policy: custom, signer: "kubernetes.io/kubelet-serving",
+		wantReason: ReasonWrongSigner,
+	}, {
+		name: "custom policy, other requester's kubelet-serving CSR naming the Service", policy: custom, signer: "kubernetes.io/kubelet-serving", requester: "system:node:" + node,
+		wantReason: ReasonWrongSigner,
+	}, {
+		name: "custom policy, CSR for a third signer", policy: custom, signer: "example.com/other",
+		wantReason: ReasonWrongSigner,
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tmpl, csr := good()
+			csr.Spec.SignerName = tc.signer
+			if tc.requester != "" {
+				csr.Spec.Username = tc.requester
+			}
+			csr.Spec.Request = encode(t, tmpl, ecKey)
+			if got := tc.policy.Owns(csr); got != tc.wantOwns {
+				t.Errorf("Owns = %v, want %v", got, tc.wantOwns)
+			}
+			d := tc.policy.Decide(csr)
+			switch {
+			case tc.wantReason == "" && (!d.Approve || d.Reason != ReasonApproved):
+				t.Errorf("Decide = %+v, want approval", d)
+			case tc.wantReason != "" && (d.Approve || d.Reason != tc.wantReason):
+				t.Errorf("Decide = %+v, want denial %s", d, tc.wantReason)
+			case tc.wantReason == ReasonWrongSigner && !strings.Contains(d.Message, tc.policy.Signer()):
+				t.Errorf("Decide message %q does not name the configured signer %s", d.Message, tc.policy.Signer())
+			}
+		})
+	}
+}
+
 // TestDecideBadSignature: a request whose signature does not match its key
 // (tampered after signing) is denied.
 func TestDecideBadSignature(t *testing.T) {

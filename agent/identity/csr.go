@@ -37,11 +37,6 @@ import (
 // grant (CSR spec.expirationSeconds has a floor of ten minutes).
 const MinLifetime = 10 * time.Minute
 
-// SignerName is the signer the agent asks for its certificate: the one that
-// issues kubelet serving certificates, from the cluster CA in most
-// distributions.
-const SignerName = certificatesv1.KubeletServingSignerName
-
 // PendingCSRTimeout is how long the agent waits for one CSR to be approved
 // and issued before it gives up on it and, after its backoff, sends
 // another. Half of kube-controller-manager's 24h deletion of pending CSRs:
@@ -66,9 +61,10 @@ var _ Source = (*CSRSource)(nil)
 
 // CSRSource obtains the serving certificate through the
 // CertificateSigningRequest API: it generates an ECDSA P-256 key per
-// request, submits a CSR for signer kubernetes.io/kubelet-serving, waits
-// for it to be approved and issued, and renews at a jittered 70-90% of the
-// certificate's lifetime.
+// request, submits a CSR for the configured signer (Options.SignerName,
+// kubernetes.io/kubelet-serving by default), waits for it to be approved
+// and issued, and renews at a jittered 70-90% of the certificate's
+// lifetime.
 //
 // It sends at most one CSR at a time and waits for it (up to
 // PendingCSRTimeout) rather than replacing it. A failed request is retried
@@ -85,6 +81,7 @@ var _ Source = (*CSRSource)(nil)
 type CSRSource struct {
 	// Fixed at construction.
 	opts      Options
+	signer    string // Options.SignerName, defaulted
 	template  *x509.CertificateRequest
 	hash      string // of the request template
 	lifetime  time.Duration
@@ -136,6 +133,10 @@ func NewCSRSource(o Options, lifetime time.Duration, clientset func() (kubernete
 	if lifetime < MinLifetime {
 		return nil, fmt.Errorf("certificate lifetime %s is below the signers' floor of %s", lifetime, MinLifetime)
 	}
+	signer := o.signerName()
+	if err := ValidateSignerName(signer); err != nil {
+		return nil, err
+	}
 	ca, err := newCAContent(o.CAFile)
 	if err != nil {
 		return nil, err
@@ -148,6 +149,16 @@ func NewCSRSource(o Options, lifetime time.Duration, clientset func() (kubernete
 		Name: "kube_apicache_serving_certificate_renewals_total",
 		Help: "Serving certificates obtained or requested through the CSR API, by result: issued, failed (retried with backoff), denied (not retried), reused (restored from the state directory at start, no CSR sent).",
 	}, []string{"result"})
+	// The request is a kubelet serving certificate's, whatever the
+	// signer: the kubelet-serving signer takes nothing else, and the
+	// approver checks exactly this. A custom signer must therefore accept
+	// (and copy into the certificate) the subject CN=system:node:<node>,
+	// O=system:nodes, the DNS names and IPs of the kubernetes Service and
+	// the agent's listen addresses, an ECDSA P-256 key and the usages
+	// digital signature and server auth; it should honour
+	// spec.expirationSeconds (or issue for less: renewal follows the
+	// issued certificate's lifetime), and it must issue from a CA the
+	// pods' CA bundle trusts, or the agent never intercepts.
 	tmpl := &x509.CertificateRequest{
 		Subject:     pkix.Name{CommonName: NodeCommonName(o.NodeName), Organization: []string{NodesOrganization}},
 		DNSNames:    o.SANs.DNSNames,
@@ -155,8 +166,9 @@ func NewCSRSource(o Options, lifetime time.Duration, clientset func() (kubernete
 	}
 	return &CSRSource{
 		opts:           o,
+		signer:         signer,
 		template:       tmpl,
-		hash:           templateOf(tmpl, lifetime).hash(),
+		hash:           templateOf(tmpl, signer, lifetime).hash(),
 		lifetime:       lifetime,
 		clientset:      clientset,
 		ca:             ca,
@@ -170,11 +182,11 @@ func NewCSRSource(o Options, lifetime time.Duration, clientset func() (kubernete
 	}, nil
 }
 
-// templateOf describes the requests made from tmpl: ECDSA keys, so the
-// serving usages without key encipherment.
-func templateOf(tmpl *x509.CertificateRequest, lifetime time.Duration) requestTemplate {
+// templateOf describes the requests made from tmpl to signer: ECDSA keys,
+// so the serving usages without key encipherment.
+func templateOf(tmpl *x509.CertificateRequest, signer string, lifetime time.Duration) requestTemplate {
 	t := requestTemplate{
-		Signer:      SignerName,
+		Signer:      signer,
 		CommonName:  tmpl.Subject.CommonName,
 		Orgs:        tmpl.Subject.Organization,
 		DNSNames:    tmpl.DNSNames,
@@ -340,7 +352,7 @@ func (s *CSRSource) attempt(ctx context.Context) attemptResult {
 	case attemptIssued:
 		s.renewals.WithLabelValues("issued").Inc()
 		if c := s.store.get(); c != nil {
-			logger.Info("Serving certificate issued", "serial", c.Leaf.SerialNumber.String(),
+			logger.Info("Serving certificate issued", "signer", s.signer, "serial", c.Leaf.SerialNumber.String(),
 				"notAfter", c.Leaf.NotAfter.UTC().Format(time.RFC3339), "renewAt", s.renewAt().UTC().Format(time.RFC3339))
 		}
 	}
@@ -391,7 +403,7 @@ func (s *CSRSource) requestAndWait(ctx context.Context) attemptResult {
 	if c := condition(got, certificatesv1.CertificateDenied); c != nil {
 		d := &denial{CSR: got.Name, Reason: c.Reason, Message: c.Message}
 		logger.Info("Serving certificate request was denied; no new request until the configuration changes or SIGHUP",
-			"csr", got.Name, "reason", c.Reason, "message", c.Message)
+			"csr", got.Name, "signer", s.signer, "reason", c.Reason, "message", c.Message)
 		s.mu.Lock()
 		s.pending, s.denied = nil, d
 		s.mu.Unlock()
@@ -400,7 +412,7 @@ func (s *CSRSource) requestAndWait(ctx context.Context) attemptResult {
 	}
 	if c := condition(got, certificatesv1.CertificateFailed); c != nil {
 		logger.Info("Serving certificate request failed at the signer; sending a new one after a backoff",
-			"csr", got.Name, "reason", c.Reason, "message", c.Message)
+			"csr", got.Name, "signer", s.signer, "reason", c.Reason, "message", c.Message)
 		s.dropPending(ctx)
 		return attemptFailed
 	}
@@ -453,7 +465,7 @@ func (s *CSRSource) send(ctx context.Context, client kubernetes.Interface) (*pen
 		p.csrPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
 	}
 	lifetime := s.lifetime
-	name, uid, err := csr.RequestCertificateWithContext(ctx, client, p.csrPEM, p.Name, SignerName, &lifetime,
+	name, uid, err := csr.RequestCertificateWithContext(ctx, client, p.csrPEM, p.Name, s.signer, &lifetime,
 		certificate.DefaultKubeletServingGetUsages(p.key), p.key)
 	if err != nil {
 		return nil, err
@@ -541,7 +553,7 @@ func (s *CSRSource) persist(ctx context.Context) {
 	s.mu.Lock()
 	st := &savedState{Template: s.hash, Denied: s.denied}
 	if s.certPEM != nil {
-		st.Signer, st.Certificate, st.Key = SignerName, string(s.certPEM), string(s.keyPEM)
+		st.Signer, st.Certificate, st.Key = s.signer, string(s.certPEM), string(s.keyPEM)
 	}
 	if s.pending != nil {
 		r := s.pending.savedRequest
@@ -583,7 +595,7 @@ func (s *CSRSource) restore(ctx context.Context) {
 	switch {
 	case st.Template != s.hash:
 		if st.Pending != nil || st.Denied != nil {
-			logger.Info("The certificate request configuration changed; forgetting the saved request and denial")
+			logger.Info("The certificate request configuration changed; forgetting the saved request and denial", "signer", s.signer)
 		}
 	default:
 		if st.Pending != nil {
@@ -607,11 +619,14 @@ func (s *CSRSource) restore(ctx context.Context) {
 
 // reusable returns the saved pair if it may be served: valid now with at
 // least minReuseFraction of its lifetime left, for exactly this agent's
-// subject, names and IPs, from the same signer, and verified by the pods'
-// CA bundle. Otherwise it says why not.
+// subject, names and IPs, from the configured signer, and verified by the
+// pods' CA bundle. Otherwise it says why not.
 func (s *CSRSource) reusable(st *savedState) (*tls.Certificate, string) {
-	if st.Signer != SignerName {
-		return nil, fmt.Sprintf("issued by signer %q, not %q", st.Signer, SignerName)
+	if st.Signer != s.signer {
+		// Even if it verifies, a certificate from the signer the agent
+		// was moved away from is not served: the operator chose another
+		// issuer, and the approver for that one did not approve it.
+		return nil, fmt.Sprintf("it was issued by signer %q, and the agent now requests its certificate from signer %q", st.Signer, s.signer)
 	}
 	pair, err := parsePair([]byte(st.Certificate), []byte(st.Key))
 	if err != nil {
@@ -701,7 +716,7 @@ func (s *CSRSource) Ready() error {
 			denied.CSR, denied.Reason, denied.Message)
 	}
 	msg := fmt.Sprintf("no serving certificate yet: waiting for a CertificateSigningRequest for %s (signer %s) to be approved and issued",
-		s.template.Subject.CommonName, SignerName)
+		s.template.Subject.CommonName, s.signer)
 	if pendingName != "" {
 		msg += fmt.Sprintf(" (%s)", pendingName)
 	}

@@ -256,6 +256,71 @@ func TestNewCSRSourceErrors(t *testing.T) {
 	if _, err := NewCSRSource(Options{NodeName: "n", CAFile: filepath.Join(dir, "missing")}, time.Hour, none); err == nil {
 		t.Errorf("missing CA bundle: no error")
 	}
+	if _, err := NewCSRSource(Options{NodeName: "n", CAFile: caFile, SignerName: "example.com"}, time.Hour, none); err == nil || !strings.Contains(err.Error(), "signer name") {
+		t.Errorf("signer name without a path: %v, want the signer name error", err)
+	}
+}
+
+// TestCSRSourceCustomSigner: a source configured for another signer asks
+// that signer, says so while it waits, and saves the certificate as that
+// signer's. Restarted with the same signer it reuses the certificate; with
+// another one (here the default) it refuses it, saying which signer issued
+// it, and sends a CSR to the signer it is now configured for.
+func TestCSRSourceCustomSigner(t *testing.T) {
+	const custom = "clusterissuers.cert-manager.io/kube-apicache"
+	ca, caFile := caBundle(t)
+	client := newSigningClient(t, ca)
+	dir := t.TempDir()
+	source := func(signer string) *CSRSource {
+		t.Helper()
+		s, err := NewCSRSource(Options{NodeName: "node-a", SANs: testSANs(), CAFile: caFile, StateDir: dir, SignerName: signer}, 10*time.Minute,
+			func() (kubernetes.Interface, error) { return client, nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
+	s1 := source(custom)
+	if err := s1.Ready(); err == nil || !strings.Contains(err.Error(), "(signer "+custom+")") {
+		t.Errorf("Ready before Run = %v, want the wait naming signer %s", err, custom)
+	}
+	stop := run(s1)
+	waitFor(t, "the first certificate", func() bool { return s1.Ready() == nil })
+	stop()
+	sent := client.sent()
+	if len(sent) != 1 {
+		t.Fatalf("sent %d CSRs, want 1", len(sent))
+	}
+	if sent[0].Spec.SignerName != custom {
+		t.Errorf("sent a CSR for signer %q, want %s", sent[0].Spec.SignerName, custom)
+	}
+
+	s2 := source(custom)
+	stop = run(s2)
+	waitFor(t, "the reused certificate", func() bool { return s2.Ready() == nil })
+	stop()
+	if got := counter(s2, "reused"); got != 1 {
+		t.Errorf("same signer: reused counter %v, want 1", got)
+	}
+
+	s3 := source("")
+	st, err := s3.state.load()
+	if err != nil || st == nil {
+		t.Fatalf("loading the saved state: %v, %v", st, err)
+	}
+	if pair, why := s3.reusable(st); pair != nil || !strings.Contains(why, `signer "`+custom+`"`) || !strings.Contains(why, `signer "kubernetes.io/kubelet-serving"`) {
+		t.Errorf("reusable for another signer = %v, %q; want a refusal naming both signers", pair != nil, why)
+	}
+	stop = run(s3)
+	defer stop()
+	waitFor(t, "a certificate from the default signer", func() bool { return client.creates.Load() == 2 && s3.Ready() == nil })
+	if got := counter(s3, "reused"); got != 0 {
+		t.Errorf("reused a certificate from another signer")
+	}
+	if sent = client.sent(); sent[len(sent)-1].Spec.SignerName != DefaultSignerName {
+		t.Errorf("after the change, sent a CSR for signer %q, want %s", sent[len(sent)-1].Spec.SignerName, DefaultSignerName)
+	}
 }
 
 // caBundle returns a test CA and a file holding its certificate, as the

@@ -44,6 +44,12 @@ type Options struct {
 	// are kept for the next process in the same pod. Empty keeps them in
 	// this process's memory only.
 	StateDir string
+	// SignerName, for the CSR source only, is the signer named in the
+	// CSRs (spec.signerName); empty means DefaultSignerName. Whatever the
+	// signer, the request is the one the kubelet-serving signer requires
+	// (see NewCSRSource), and the certificate it issues is served only
+	// once it verifies against CAFile.
+	SignerName string
 }
 
 func (o *Options) now() func() time.Time {

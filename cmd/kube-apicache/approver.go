@@ -44,6 +44,8 @@ type approverOptions struct {
 	metricsAddress string
 	leaderElect    bool
 	leader         approver.LeaderElection
+	signerName     string
+	config         configFile
 }
 
 // Fleet-sized defaults. A rollout to 5,000 nodes approved within two
@@ -65,12 +67,12 @@ const (
 )
 
 func newApproverCommand() *cobra.Command {
-	o := &approverOptions{}
+	o := &approverOptions{config: configFile{sections: approverSections}}
 	cmd := &cobra.Command{
 		Use:   "approver",
 		Short: "Approve the agents' serving certificate requests",
-		Long: `approver approves a kubernetes.io/kubelet-serving CertificateSigningRequest
-only if the agent's ServiceAccount sent it, its CN names the node the
+		Long: `approver approves a CertificateSigningRequest for its signer (--signer-name,
+default kubernetes.io/kubelet-serving) only if the agent's ServiceAccount sent it, its CN names the node the
 requester's token is bound to, and its SANs and usages are exactly those of an
 agent's serving certificate. It denies, with the reason, every other such CSR
 from the agent's ServiceAccount and every CSR that asks for the kubernetes
@@ -79,9 +81,14 @@ Service's names or IPs; it leaves all other CSRs alone.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			policy, err := o.policy()
+			applied, err := o.config.apply(cmd.Flags())
 			if err != nil {
 				return err
+			}
+			discoverService(cmd.Flags(), &o.serviceVIPs, nil)
+			policy, err := o.policy()
+			if err != nil {
+				return applied.Annotate(err)
 			}
 			cfg, err := o.restConfig()
 			if err != nil {
@@ -100,7 +107,9 @@ Service's names or IPs; it leaves all other CSRs alone.`,
 	fs := cmd.Flags()
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty uses the in-cluster configuration.")
 	fs.StringVar(&o.serviceAccount, "agent-service-account", agent.DefaultAgentServiceAccount, "The agents' ServiceAccount, NAMESPACE/NAME.")
-	fs.StringSliceVar(&o.serviceVIPs, "service-vip", []string{agent.DefaultServiceVIP}, "Cluster IP(s) of the default/kubernetes Service, as the agents are given them.")
+	o.config.addFlags(fs)
+	fs.StringSliceVar(&o.serviceVIPs, "service-vip", nil, "Cluster IP(s) of the default/kubernetes Service, as the agents are given them. Default: $KUBERNETES_SERVICE_HOST, else "+agent.DefaultServiceVIP+".")
+	fs.StringVar(&o.signerName, "signer-name", identity.DefaultSignerName, "Signer of the CSRs this approver decides (spec.signerName), as the agents are given it. Its RBAC must allow approve on signers/<this name>.")
 	fs.StringVar(&o.listenAddress, "listen-address", agent.DefaultListenAddress, "The agents' --listen-address; its IP is in their certificates when a --service-vip is IPv4.")
 	fs.StringVar(&o.listenIPv6, "listen-address-ipv6", agent.DefaultListenAddressIPv6, "The agents' --listen-address-ipv6; its IP is in their certificates when a --service-vip is IPv6.")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, as the agents are given it.")
@@ -220,6 +229,9 @@ func (o *approverOptions) policy() (*approver.Policy, error) {
 	if len(validation.IsDNS1123Subdomain(o.clusterDomain)) > 0 {
 		return nil, fmt.Errorf("--cluster-domain %q must be a DNS subdomain", o.clusterDomain)
 	}
+	if err := identity.ValidateSignerName(o.signerName); err != nil {
+		return nil, fmt.Errorf("--signer-name: %w", err)
+	}
 	if o.workers < 1 {
 		return nil, fmt.Errorf("--workers must be at least 1")
 	}
@@ -238,6 +250,7 @@ func (o *approverOptions) policy() (*approver.Policy, error) {
 	return &approver.Policy{
 		AgentUser:   "system:serviceaccount:" + ns + ":" + name,
 		SANs:        identity.ServingSANs(vips, listenIPs, o.clusterDomain),
+		SignerName:  o.signerName,
 		MaxLifetime: o.maxLifetime,
 	}, nil
 }

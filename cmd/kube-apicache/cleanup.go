@@ -16,6 +16,7 @@ import (
 func newCleanupCommand() *cobra.Command {
 	var t agent.CleanupTarget
 	var listen, listen6, backend string
+	config := configFile{sections: cleanupSections}
 	cmd := &cobra.Command{
 		Use:   "cleanup",
 		Short: "Remove every rule, set and address of the agent from this node",
@@ -28,8 +29,12 @@ the agent ran with if they were not the defaults.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var err error
+		RunE: func(cmd *cobra.Command, _ []string) (err error) {
+			applied, err := config.apply(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			defer func() { err = applied.Annotate(err) }()
 			if t.ListenAddress, err = parseListenIP("--listen-address", listen); err != nil {
 				return err
 			}
@@ -67,7 +72,10 @@ the agent ran with if they were not the defaults.`,
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&t.Chain, "iptables-chain", agent.DefaultChain, "Name of the agent's nat chain.")
-	fs.StringVar(&t.LivenessSet, "liveness-set", agent.DefaultLivenessSet, "Name of the agent's IPv4 liveness ipset; the IPv6 one has a \"6\" suffix.")
+	fs.StringVar(&t.LivenessSet, "fail-open-set", agent.DefaultLivenessSet, "Name of the agent's IPv4 fail-open ipset; the IPv6 one has a \"6\" suffix, and the sets derived from it (-PODS, -SKIP, -SEEN) go too.")
+	fs.StringVar(&t.LivenessSet, "liveness-set", agent.DefaultLivenessSet, "Former name of --fail-open-set.")
+	_ = fs.MarkDeprecated("liveness-set", "use --fail-open-set")
+	config.addFlags(fs)
 	fs.StringVar(&t.ListenLink, "listen-link", agent.DefaultListenLink, "Link the agent put its listen addresses on (loopback is always checked too).")
 	fs.StringVar(&listen, "listen-address", agent.DefaultListenAddress, "The agent's IPv4 listen IP or IP:port.")
 	fs.StringVar(&listen6, "listen-address-ipv6", agent.DefaultListenAddressIPv6, "The agent's IPv6 listen IP or [IP]:port.")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -331,18 +330,14 @@ func (b *bench) agentHeap(ctx context.Context) (uint64, error) {
 // agentMemStat is agentHeap for another of the agent's go_memstats
 // gauges, e.g. go_memstats_heap_inuse_bytes.
 func (b *bench) agentMemStat(ctx context.Context, name string) (uint64, error) {
-	client := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: b.c.Node.DialContext, DisableKeepAlives: true}}
 	var least uint64
 	for i := range 3 {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+sandbox.AgentMetricsAddr+"/debug/pprof/heap?gc=1", nil)
-		resp, err := client.Do(req)
+		code, _, err := b.c.AgentGet(ctx, b.c.Node, sandbox.AgentMetricsAddr, "/debug/pprof/heap?gc=1", true, time.Minute)
 		if err != nil {
 			return 0, err
 		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return 0, fmt.Errorf("agent heap profile: HTTP %d", resp.StatusCode)
+		if code != http.StatusOK {
+			return 0, fmt.Errorf("agent heap profile: HTTP %d", code)
 		}
 		text, err := b.agent.Metrics(ctx)
 		if err != nil {

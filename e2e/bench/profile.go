@@ -25,7 +25,11 @@ func (m *measurer) profileAgent(ctx context.Context, bc benchCase) error {
 	secs := int((m.b.o.profileTime + time.Second - 1) / time.Second)
 	client := &http.Client{
 		Timeout:   time.Duration(secs)*time.Second + time.Minute,
-		Transport: &http.Transport{DialContext: m.b.c.Node.DialContext, DisableKeepAlives: true},
+		Transport: sandbox.AgentMetricsTransport(m.b.c.Node),
+	}
+	token, err := m.b.c.ScraperToken(ctx)
+	if err != nil {
+		return err
 	}
 	profCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -37,8 +41,9 @@ func (m *measurer) profileAgent(ctx context.Context, bc benchCase) error {
 	go func() {
 		defer close(done)
 		defer cancel() // stops the load
-		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", sandbox.AgentMetricsAddr, secs)
+		url := fmt.Sprintf("https://%s/debug/pprof/profile?seconds=%d", sandbox.AgentMetricsAddr, secs)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := client.Do(req)
 		if err != nil {
 			profErr = err

@@ -44,7 +44,7 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 		return err
 	}
 	defer os.RemoveAll(overlay)
-	if err := sandbox.WriteOverlay(overlay, sandbox.RealAgentImage); err != nil {
+	if err := sandbox.WriteOverlay(overlay, sandbox.RealAgentImage, ""); err != nil {
 		return err
 	}
 

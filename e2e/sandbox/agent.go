@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -122,34 +121,26 @@ func (c *Cluster) StartAgent(ctx context.Context, pod *Pod, binary string, args 
 	return a, nil
 }
 
-// WaitReady waits until the agent intercepts: /intercepting answers 200.
+// WaitReady waits until the agent intercepts: /intercepting answers 200
+// (anonymously, as the health paths do).
 func (a *Agent) WaitReady(ctx context.Context) error {
-	client := a.Pod.cluster.httpClient(a.Pod.cluster.Node)
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	return wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		if done, err := a.Process.Exited(); done {
 			return false, fmt.Errorf("agent exited (%v): %s", err, tail(a.Process.Log(), 20))
 		}
-		resp, err := client.Get("http://" + AgentMetricsAddr + "/intercepting")
-		if err != nil {
-			return false, nil
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, nil
+		code, _, err := AgentGetWithToken(ctx, a.Pod.cluster.Node, AgentMetricsAddr, "/intercepting", "", 5*time.Second)
+		return err == nil && code == http.StatusOK, nil
 	})
 }
 
-// Metrics returns the agent's /metrics text.
+// Metrics returns the agent's /metrics text, read with the scraper's token.
 func (a *Agent) Metrics(ctx context.Context) (string, error) {
-	client := a.Pod.cluster.httpClient(a.Pod.cluster.Node)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+AgentMetricsAddr+"/metrics", nil)
-	resp, err := client.Do(req)
-	if err != nil {
-		return "", err
+	code, b, err := a.Pod.cluster.AgentGet(ctx, a.Pod.cluster.Node, AgentMetricsAddr, "/metrics", true, 5*time.Second)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("agent metrics: HTTP %d: %.200s", code, b)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
 	return string(b), err
 }
 
@@ -157,16 +148,12 @@ func (a *Agent) Metrics(ctx context.Context) (string, error) {
 // collection now (its heap profile endpoint does, with gc=1), so that its
 // heap metrics count live memory only.
 func (a *Agent) CollectGarbage(ctx context.Context) error {
-	client := a.Pod.cluster.httpClient(a.Pod.cluster.Node)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+AgentMetricsAddr+"/debug/pprof/heap?gc=1", nil)
-	resp, err := client.Do(req)
+	code, b, err := a.Pod.cluster.AgentGet(ctx, a.Pod.cluster.Node, AgentMetricsAddr, "/debug/pprof/heap?gc=1", true, time.Minute)
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("heap profile: %s", resp.Status)
+	if code != http.StatusOK {
+		return fmt.Errorf("heap profile: HTTP %d: %.200s", code, b)
 	}
 	return nil
 }

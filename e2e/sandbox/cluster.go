@@ -95,6 +95,10 @@ type Cluster struct {
 	nextPodIP  int
 	realNode   *RealNode
 	stopped    bool
+
+	scraperMu          sync.Mutex // protects the fields below
+	scraperToken       string
+	scraperTokenExpiry time.Time
 }
 
 // APIServer is one kube-apiserver instance.

@@ -3,7 +3,7 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
 )
 
 // Deploying the shipped manifests onto a real node (StartRealNode), as the
@@ -51,9 +52,12 @@ func RealNodeImages(dir string) ([]string, error) {
 }
 
 // WriteOverlay writes into dir the kustomization an operator would: the
-// shipped manifests and the image, and agentArgs appended to the agent's
-// arguments if any. kustomize takes a base only by a relative path.
-func WriteOverlay(dir, image string, agentArgs ...string) error {
+// shipped manifests, the image, the shipped configuration (the ConfigMap
+// kube-apicache-config) with config appended to it if config is not empty
+// (YAML at the AgentConfiguration's top level), and agentArgs appended to
+// the agent's arguments if any. kustomize takes a base only by a relative
+// path.
+func WriteOverlay(dir, image, config string, agentArgs ...string) error {
 	base, err := filepath.Rel(dir, filepath.Join(RepoRoot(), "manifests"))
 	if err != nil {
 		return err
@@ -68,13 +72,56 @@ images:
     newName: %s
     newTag: %s
 `, base, name, tag)
-	if len(agentArgs) > 0 {
-		k += "patches:\n  - target:\n      kind: DaemonSet\n      name: kube-apicache\n    patch: |-\n"
-		for _, a := range agentArgs {
-			k += fmt.Sprintf("      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: %q\n", a)
+	var patches []string
+	if config != "" {
+		shipped, err := ShippedConfig()
+		if err != nil {
+			return err
 		}
+		cm := map[string]any{
+			"apiVersion": "v1", "kind": "ConfigMap",
+			"metadata": map[string]any{"name": "kube-apicache-config", "namespace": AgentNamespace},
+			"data":     map[string]string{"config.yaml": strings.TrimRight(shipped, "\n") + "\n" + config},
+		}
+		b, err := yaml.Marshal(cm)
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "config-patch.yaml"), b, 0o644); err != nil {
+			return err
+		}
+		patches = append(patches, "  - path: config-patch.yaml\n")
+	}
+	if len(agentArgs) > 0 {
+		p := "  - target:\n      kind: DaemonSet\n      name: kube-apicache\n    patch: |-\n"
+		for _, a := range agentArgs {
+			p += fmt.Sprintf("      - op: add\n        path: /spec/template/spec/containers/0/args/-\n        value: %q\n", a)
+		}
+		patches = append(patches, p)
+	}
+	if len(patches) > 0 {
+		k += "patches:\n" + strings.Join(patches, "")
 	}
 	return os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644)
+}
+
+// ShippedConfig returns the AgentConfiguration the manifests ship, the
+// config.yaml key of manifests/config.yaml.
+func ShippedConfig() (string, error) {
+	raw, err := os.ReadFile(filepath.Join(RepoRoot(), "manifests", "config.yaml"))
+	if err != nil {
+		return "", err
+	}
+	var cm struct {
+		Data map[string]string `json:"data"`
+	}
+	if err := yaml.Unmarshal(raw, &cm); err != nil {
+		return "", err
+	}
+	if cm.Data["config.yaml"] == "" {
+		return "", fmt.Errorf("manifests/config.yaml has no config.yaml key")
+	}
+	return cm.Data["config.yaml"], nil
 }
 
 // Kubectl runs the machine's kubectl ($KUBECTL, or kubectl) as the
@@ -94,23 +141,42 @@ func (c *Cluster) KubectlCommand(ctx context.Context, args ...string) *exec.Cmd 
 	if bin == "" {
 		bin = "kubectl"
 	}
+	return c.AdminCommand(ctx, bin, args...)
+}
+
+// AdminCommand runs bin with --kubeconfig of the sandbox's admin, then
+// args, inside the control-plane namespace, as an operator's workstation
+// would run a kubeconfig-based tool.
+func (c *Cluster) AdminCommand(ctx context.Context, bin string, args ...string) *exec.Cmd {
 	full := append([]string{"netns", "exec", c.CP.Name(), bin, "--kubeconfig", filepath.Join(c.Dir, "admin.kubeconfig")}, args...)
 	return exec.CommandContext(ctx, "ip", full...)
 }
 
-// DaemonSetAgentMetrics scrapes the agent's metrics from the node
-// namespace, where the DaemonSet's pod listens on loopback.
-func (c *Cluster) DaemonSetAgentMetrics(ctx context.Context) (string, error) {
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DialContext: c.Node.DialContext, DisableKeepAlives: true}}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+AgentMetricsAddr+"/metrics", nil)
-	resp, err := client.Do(req)
+// DaemonSetAgentMetricsAddr is where the DaemonSet's agent serves its
+// metrics: the node's IP (its pod's status.hostIP), port 10445.
+func (c *Cluster) DaemonSetAgentMetricsAddr(ctx context.Context) (string, error) {
+	pods, err := c.Admin.CoreV1().Pods(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=kube-apicache"})
 	if err != nil {
 		return "", err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("metrics: %s", resp.Status)
+	for _, p := range pods.Items {
+		if p.Spec.NodeName == NodeName && p.Status.HostIP != "" {
+			return net.JoinHostPort(p.Status.HostIP, "10445"), nil
+		}
+	}
+	return "", fmt.Errorf("no kube-apicache pod with a host IP on %s", NodeName)
+}
+
+// DaemonSetAgentMetrics scrapes the DaemonSet's agent's metrics from the
+// node namespace, over HTTPS with the scraper's token, as Prometheus does.
+func (c *Cluster) DaemonSetAgentMetrics(ctx context.Context) (string, error) {
+	addr, err := c.DaemonSetAgentMetricsAddr(ctx)
+	if err != nil {
+		return "", err
+	}
+	code, b, err := c.AgentGet(ctx, c.Node, addr, "/metrics", true, 2*time.Second)
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("metrics: HTTP %d: %.200s", code, b)
 	}
 	return string(b), err
 }

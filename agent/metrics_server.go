@@ -1,0 +1,243 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apiserver/pkg/endpoints/filters"
+	"k8s.io/apiserver/pkg/endpoints/request"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/client-go/kubernetes/scheme"
+	certutil "k8s.io/client-go/util/cert"
+	"k8s.io/klog/v2"
+)
+
+// The metrics listener serves /metrics, the health paths and, with
+// --profiling, /debug/pprof/ over HTTPS. With hostNetwork its port is
+// reachable from the node's pods and, bound to the node's IP, from the
+// cluster network, so every request is authenticated and authorized
+// through kube-apiserver (metrics_auth.go) except the health paths, which
+// the kubelet probes anonymously.
+
+// metricsServer is the metrics listener's HTTP server and what it needs at
+// run time.
+type metricsServer struct {
+	handler http.Handler
+	// files is the certificate from MetricsTLSCertFile and
+	// MetricsTLSKeyFile, reloaded as they change; nil means a self-signed
+	// certificate made at start-up.
+	files *dynamiccertificates.DynamicCertKeyPairContent
+}
+
+// newMetricsServer builds the metrics listener's handler chain and loads
+// its certificate files, if any.
+func (a *Agent) newMetricsServer() (*metricsServer, error) {
+	auth, err := newMetricsAuth(a.restConfig(), newMetricsAuthMetrics(a.metrics.registry))
+	if err != nil {
+		return nil, err
+	}
+	s := &metricsServer{}
+	mux := a.metrics.handler(a.Healthy, a.Ready, a.Intercepting, a.interceptionNote, a.dataplane+" ("+a.dataplaneReason+")", a.cfg.Profiling)
+	mux.Handle(StatuszPath, a.statuszHandler())
+	s.handler = auth.secure(mux, a.cfg.Profiling)
+	if a.cfg.MetricsTLSCertFile != "" {
+		if s.files, err = dynamiccertificates.NewDynamicServingContentFromFiles("metrics-serving-cert", a.cfg.MetricsTLSCertFile, a.cfg.MetricsTLSKeyFile); err != nil {
+			return nil, fmt.Errorf("loading the metrics serving certificate: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// secure wraps h, the metrics listener's paths, in the filters every request
+// passes, outermost first:
+//
+//  1. refusals are counted by reason;
+//  2. only GET of a served path goes on (405 or 404 otherwise), so that no
+//     caller can make up paths or verbs for reviews to decide;
+//  3. the health paths are served at once, to anyone, with no review;
+//  4. request info, authentication (401, or 429 when a new token finds the
+//     token bucket empty) and authorization (403), as kube-apiserver's own
+//     filters do them.
+func (auth *metricsAuth) secure(h http.Handler, profiling bool) http.Handler {
+	open := h
+	codecs := scheme.Codecs.WithoutConversion()
+	unauthorized := filters.Unauthorized(codecs)
+	failed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if mark, ok := r.Context().Value(throttleMarkKey{}).(*throttleMark); ok && mark.throttled {
+			writeStatus(w, r, apierrors.NewTooManyRequests(errReviewThrottled.Error(), 1))
+			return
+		}
+		unauthorized.ServeHTTP(w, r)
+	})
+	h = filters.WithAuthorization(h, auth.authz, codecs)
+	h = filters.WithAuthentication(h, auth.authn, failed, nil, nil)
+	h = filters.WithRequestInfo(h, &request.RequestInfoFactory{APIPrefixes: sets.NewString("api", "apis"), GrouplessAPIPrefixes: sets.NewString("api")})
+	authed := h
+	gated := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case !servedMetricsPath(r.URL.Path, profiling):
+			writeStatus(w, r, metricsStatus(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("%q is not served here", r.URL.Path)))
+			return
+		case r.Method != http.MethodGet:
+			w.Header().Set("Allow", http.MethodGet)
+			writeStatus(w, r, metricsStatus(http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed, fmt.Sprintf("method %q is not allowed; only GET is", r.Method)))
+			return
+		case slices.Contains(metricsHealthPaths, r.URL.Path):
+			// Open to anyone: served before authentication, so that a
+			// token sent with a probe costs no review.
+			open.ServeHTTP(w, r)
+			return
+		}
+		// The bearer token is the one credential this listener reviews:
+		// a token offered as a WebSocket subprotocol would bypass the
+		// review gate.
+		r.Header.Del("Sec-WebSocket-Protocol")
+		ctx, _ := withThrottleMark(r.Context())
+		authed.ServeHTTP(w, r.WithContext(ctx))
+	})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w}
+		gated.ServeHTTP(rec, r)
+		if reason, ok := refusalReasons[int(rec.status.Load())]; ok {
+			auth.metrics.refused.WithLabelValues(reason).Inc()
+		}
+	})
+}
+
+// metricsStatus is a failure Status of the metrics listener's own.
+func metricsStatus(code int32, reason metav1.StatusReason, msg string) error {
+	return &apierrors.StatusError{ErrStatus: metav1.Status{
+		Status: metav1.StatusFailure, Code: code, Reason: reason, Message: msg,
+	}}
+}
+
+// refusalReasons are the reason labels of the refused-requests counter.
+var refusalReasons = map[int]string{
+	http.StatusUnauthorized:     "unauthenticated",
+	http.StatusForbidden:        "forbidden",
+	http.StatusTooManyRequests:  "throttled",
+	http.StatusNotFound:         "not-found",
+	http.StatusMethodNotAllowed: "method-not-allowed",
+}
+
+// servedMetricsPath says whether the metrics listener serves p.
+func servedMetricsPath(p string, profiling bool) bool {
+	if p == "/metrics" || slices.Contains(metricsHealthPaths, p) {
+		return true
+	}
+	name, ok := strings.CutPrefix(p, "/debug/pprof/")
+	return ok && profiling && pprofProfiles[name]
+}
+
+// run serves on l until ctx ends or serving fails, which it reports on
+// errs. nodeName goes into a self-signed certificate.
+func (s *metricsServer) run(ctx context.Context, l net.Listener, nodeName string, errs chan<- error) (*http.Server, error) {
+	var cert certKeyContent
+	if s.files != nil {
+		go s.files.Run(ctx, 1)
+		cert = s.files
+	} else {
+		certPEM, keyPEM, err := selfSignedMetricsCert(l.Addr(), nodeName)
+		if err != nil {
+			return nil, err
+		}
+		if cert, err = dynamiccertificates.NewStaticCertKeyContent("metrics-self-signed", certPEM, keyPEM); err != nil {
+			return nil, err
+		}
+	}
+	pairs := &parsedCertificate{content: cert}
+	if _, err := pairs.get(); err != nil {
+		return nil, fmt.Errorf("metrics serving certificate: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		// Any pod can reach this port: no connection outlives a scrape
+		// interval idle, and no request (GETs without bodies) may take
+		// long to arrive. Writes get long enough for a 30-second CPU
+		// profile, which only loopback callers can ask for.
+		ReadTimeout:  30 * time.Second,
+		WriteTimeout: 2 * time.Minute,
+		IdleTimeout:  60 * time.Second,
+		// A scrape or a probe sends a few hundred bytes of headers; a
+		// service account token is under 2 KiB.
+		MaxHeaderBytes: 64 << 10,
+		// Handshake errors of junk connections at V(4), not per
+		// connection at the DaemonSet's -v=2.
+		ErrorLog: newServerErrorLogAt(klog.FromContext(ctx), 4),
+	}
+	tlsConfig := &tls.Config{
+		MinVersion:     tls.VersionTLS12,
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return pairs.get() },
+		// HTTP/1.1 only: scrapers and probes need nothing more, and
+		// HTTP/2's stream handling is more surface for no gain here.
+		NextProtos: []string{"http/1.1"},
+	}
+	go func() { errs <- srv.Serve(tls.NewListener(l, tlsConfig)) }()
+	return srv, nil
+}
+
+// certKeyContent is the part of k8s.io/apiserver's certificate providers
+// the metrics listener uses.
+type certKeyContent interface {
+	CurrentCertKeyContent() ([]byte, []byte)
+}
+
+// parsedCertificate parses a certificate provider's content once per
+// change.
+type parsedCertificate struct {
+	content certKeyContent
+
+	mu      sync.Mutex // protects the fields below
+	certPEM []byte
+	pair    *tls.Certificate
+}
+
+func (p *parsedCertificate) get() (*tls.Certificate, error) {
+	certPEM, keyPEM := p.content.CurrentCertKeyContent()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.pair != nil && bytes.Equal(certPEM, p.certPEM) {
+		return p.pair, nil
+	}
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, err
+	}
+	if pair.Leaf == nil {
+		if pair.Leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
+			return nil, err
+		}
+	}
+	p.certPEM, p.pair = certPEM, &pair
+	return p.pair, nil
+}
+
+// selfSignedMetricsCert makes a certificate for the metrics listener at
+// addr, naming the node and the bound IP (unless it is a wildcard). Scrapers
+// that do not verify it (Prometheus with insecureSkipVerify, the kubelet's
+// probes) still get an encrypted channel; MetricsTLSCertFile gives one
+// they can verify.
+func selfSignedMetricsCert(addr net.Addr, nodeName string) ([]byte, []byte, error) {
+	var ips []net.IP
+	if tcp, ok := addr.(*net.TCPAddr); ok && !tcp.IP.IsUnspecified() {
+		ips = append(ips, tcp.IP)
+	}
+	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey(nodeName, ips, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating the metrics serving certificate: %w", err)
+	}
+	return certPEM, keyPEM, nil
+}

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/agent"
+	configv1alpha1 "github.com/kube-apicache/kube-apicache/agent/apis/config/v1alpha1"
+)
+
+// killSwitchPoll is how often a running agent re-reads interception.enabled
+// from its configuration file. A ConfigMap edit reaches the file when the
+// kubelet next syncs the volume (about a minute at its defaults); this
+// adds at most a few seconds.
+const killSwitchPoll = 5 * time.Second
+
+// configFile is --config: the AgentConfiguration file both commands read.
+type configFile struct {
+	path string
+	// sections are the top-level sections this command reads; none: all.
+	sections []string
+	// cliInterception is whether --interception was on the command line,
+	// which the file's kill switch then cannot override.
+	cliInterception bool
+}
+
+func (c *configFile) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.path, "config", "", "Configuration file (kind AgentConfiguration, apiVersion "+configv1alpha1.SchemeGroupVersion.String()+"; see the README's configuration reference). It sets every flag the command line leaves unset; the agent and the approver read the same file.")
+}
+
+// apply loads the file, if any, into the flags of fs that the command line
+// did not set. The returned Applied names the fields behind those flags.
+func (c *configFile) apply(fs *pflag.FlagSet) (configv1alpha1.Applied, error) {
+	c.cliInterception = fs.Changed("interception")
+	if c.path == "" {
+		return nil, nil
+	}
+	cfg, err := configv1alpha1.Load(c.path)
+	if err != nil {
+		return nil, fmt.Errorf("--config: %w", err)
+	}
+	// A deprecated name on the command line counts as its flag's: the file
+	// must not override it.
+	for old, current := range deprecatedNames {
+		if f := fs.Lookup(current); f != nil && fs.Changed(old) {
+			f.Changed = true
+		}
+	}
+	applied, err := configv1alpha1.ApplyToFlags(cfg, fs, c.sections...)
+	if err != nil {
+		return nil, fmt.Errorf("--config %s: %w", c.path, err)
+	}
+	return applied, nil
+}
+
+// deprecatedNames maps each deprecated flag to the flag it was renamed to;
+// both set the same value.
+var deprecatedNames = map[string]string{
+	"liveness-timeout": "fail-open-timeout",
+	"liveness-set":     "fail-open-set",
+}
+
+// Sections of the configuration file each command reads, other than the
+// agent (which reads them all).
+var (
+	approverSections = []string{"cluster"}
+	cleanupSections  = []string{"cluster", "dataplane"}
+)
+
+// interceptionSetter is what the kill switch drives.
+type interceptionSetter interface {
+	SetInterception(enabled bool, reason string)
+}
+
+// watchKillSwitch re-reads interception.enabled from the file until ctx
+// ends and hands every change to a. A file that cannot be read or parsed
+// changes nothing (the agent keeps its last setting and logs why).
+func (c *configFile) watchKillSwitch(ctx context.Context, a interceptionSetter) {
+	if c.path == "" || c.cliInterception {
+		return
+	}
+	logger := klog.FromContext(ctx)
+	var lastErr string
+	t := time.NewTicker(killSwitchPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		cfg, err := configv1alpha1.Load(c.path)
+		if err != nil {
+			if err.Error() != lastErr {
+				logger.Error(err, "Cannot re-read the configuration file; interception stays as it is")
+				lastErr = err.Error()
+			}
+			continue
+		}
+		lastErr = ""
+		enabled := cfg.Interception.Enabled == nil || *cfg.Interception.Enabled
+		a.SetInterception(enabled, "interception.enabled: "+strconv.FormatBool(enabled)+" in "+c.path)
+	}
+}
+
+// discoverService fills in the kubernetes Service's VIP and port from the
+// environment the kubelet gives every pod, where neither the command line
+// nor the configuration file set them. The agent later checks them against
+// the Service itself.
+func discoverService(fs *pflag.FlagSet, vips *[]string, port *uint16) {
+	host, p := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+	if !fs.Changed("service-vip") && len(*vips) == 0 {
+		if ip, err := netip.ParseAddr(host); err == nil {
+			*vips = []string{ip.String()}
+		} else {
+			if host != "" {
+				klog.Background().Info("$KUBERNETES_SERVICE_HOST is not an IP address; assuming the default Service VIP, which the agent checks against the Service",
+					"host", host, "vip", agent.DefaultServiceVIP)
+			}
+			*vips = []string{agent.DefaultServiceVIP}
+		}
+	}
+	if port != nil && !fs.Changed("service-port") {
+		if n, err := strconv.ParseUint(p, 10, 16); err == nil && n > 0 {
+			*port = uint16(n)
+		}
+	}
+}

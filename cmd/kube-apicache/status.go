@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kube-apicache/kube-apicache/agent"
+)
+
+type statusOptions struct {
+	kubeconfig  string
+	context     string
+	namespace   string
+	selector    string
+	port        string
+	output      string
+	timeout     time.Duration
+	parallelism int
+}
+
+// newStatusCommand returns `kube-apicache status`, which asks every agent
+// pod for its state through kube-apiserver's pods proxy and prints one
+// line per node.
+func newStatusCommand() *cobra.Command {
+	o := &statusOptions{}
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Print each node's agent: interception, readiness, cache hit ratio, upstream health",
+		Long: `status lists the agent pods and asks each for its state (` + agent.StatuszPath + ` on its
+metrics port) through kube-apiserver's pods proxy, so it needs only a
+kubeconfig allowed to get pods/proxy in the agents' namespace. It prints a
+line per node: whether the agent intercepts (and why not), whether it is
+ready, its cache hit ratio since it started, its kube-apiserver endpoints'
+health and when its serving certificate expires.`,
+		Args:          cobra.NoArgs,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.output != "" && o.output != "json" && o.output != "wide" {
+				return fmt.Errorf("--output %q: must be empty, wide or json", o.output)
+			}
+			rules := clientcmd.NewDefaultClientConfigLoadingRules()
+			rules.ExplicitPath = o.kubeconfig
+			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
+				&clientcmd.ConfigOverrides{CurrentContext: o.context}).ClientConfig()
+			if err != nil {
+				return fmt.Errorf("client configuration: %w", err)
+			}
+			cfg.UserAgent = "kube-apicache-status"
+			client, err := kubernetes.NewForConfig(cfg)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), o.timeout)
+			defer cancel()
+			rows, err := o.collect(ctx, client)
+			if err != nil {
+				return err
+			}
+			return o.print(cmd.OutOrStdout(), rows)
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file; empty: $KUBECONFIG or ~/.kube/config.")
+	fs.StringVar(&o.context, "context", "", "kubeconfig context; empty: the current one.")
+	fs.StringVarP(&o.namespace, "namespace", "n", "kube-apicache", "Namespace of the agent pods.")
+	fs.StringVarP(&o.selector, "selector", "l", "app.kubernetes.io/name=kube-apicache", "Label selector of the agent pods.")
+	fs.StringVar(&o.port, "port", "metrics", "Name or number of the agent container's metrics port.")
+	fs.StringVarP(&o.output, "output", "o", "", "Output: empty for a table, wide for the table with upstream endpoints, or json.")
+	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "Time for the whole command.")
+	fs.IntVar(&o.parallelism, "parallelism", 20, "Agents asked at once.")
+	return cmd
+}
+
+// statusRow is one agent pod: its Status, or why it could not be read.
+type statusRow struct {
+	Pod    string        `json:"pod"`
+	Node   string        `json:"node"`
+	Status *agent.Status `json:"status,omitempty"`
+	Error  string        `json:"error,omitempty"`
+}
+
+func (o *statusOptions) collect(ctx context.Context, client kubernetes.Interface) ([]statusRow, error) {
+	pods, err := client.CoreV1().Pods(o.namespace).List(ctx, metav1.ListOptions{LabelSelector: o.selector})
+	if err != nil {
+		return nil, fmt.Errorf("listing the agent pods: %w", err)
+	}
+	if len(pods.Items) == 0 {
+		return nil, fmt.Errorf("no pod in namespace %s matches %s", o.namespace, o.selector)
+	}
+	rows := make([]statusRow, len(pods.Items))
+	sem := make(chan struct{}, max(o.parallelism, 1))
+	var wg sync.WaitGroup
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		rows[i] = statusRow{Pod: p.Name, Node: p.Spec.NodeName}
+		if p.Status.Phase != corev1.PodRunning {
+			rows[i].Error = "pod " + string(p.Status.Phase)
+			continue
+		}
+		port, err := podPort(p, o.port)
+		if err != nil {
+			rows[i].Error = err.Error()
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			body, err := client.CoreV1().Pods(o.namespace).ProxyGet("https", p.Name, port, agent.StatuszPath, nil).DoRaw(rctx)
+			if err != nil {
+				rows[i].Error = oneLine(err)
+				return
+			}
+			var s agent.Status
+			if err := json.Unmarshal(body, &s); err != nil {
+				rows[i].Error = "unreadable status: " + oneLine(err)
+				return
+			}
+			rows[i].Status = &s
+		})
+	}
+	wg.Wait()
+	slices.SortFunc(rows, func(a, b statusRow) int { return strings.Compare(a.Node, b.Node) })
+	return rows, nil
+}
+
+// podPort resolves port, a container port's name or number, to a number:
+// kube-apiserver's pods proxy takes only numbers.
+func podPort(p *corev1.Pod, port string) (string, error) {
+	if _, err := strconv.ParseUint(port, 10, 16); err == nil {
+		return port, nil
+	}
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			if cp.Name == port {
+				return strconv.Itoa(int(cp.ContainerPort)), nil
+			}
+		}
+	}
+	return "", fmt.Errorf("pod %s has no container port named %q", p.Name, port)
+}
+
+func (o *statusOptions) print(w io.Writer, rows []statusRow) error {
+	if o.output == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rows)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	head := "NODE\tPOD\tINTERCEPTING\tREADY\tHIT RATIO\tUPSTREAM\tCERT EXPIRES\tREASON"
+	if o.output == "wide" {
+		head += "\tENDPOINTS"
+	}
+	fmt.Fprintln(tw, head)
+	var intercepting, unreachable int
+	for _, r := range rows {
+		if r.Status == nil {
+			fmt.Fprintf(tw, "%s\t%s\t?\t?\t?\t?\t?\t%s\n", r.Node, r.Pod, r.Error)
+			unreachable++
+			continue
+		}
+		s := r.Status
+		if s.Intercepting {
+			intercepting++
+		}
+		reason := s.InterceptingReason
+		if s.ReadyReason != "" {
+			reason = "not ready: " + s.ReadyReason
+		}
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", r.Node, r.Pod, yesNo(s.Intercepting), yesNo(s.Ready),
+			hitRatio(s.Cache), upstreamSummary(s.Upstreams), certExpiry(s.CertificateNotAfter), reason)
+		if o.output == "wide" {
+			var eps []string
+			for _, u := range s.Upstreams {
+				eps = append(eps, u.Endpoint+"="+map[bool]string{true: "healthy", false: "unhealthy"}[u.Healthy])
+			}
+			line += "\t" + strings.Join(eps, ",")
+		}
+		fmt.Fprintln(tw, line)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "%d agents: %d intercepting, %d not, %d not answering\n",
+		len(rows), intercepting, len(rows)-intercepting-unreachable, unreachable)
+	return err
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// hitRatio is hits over the reads the cache considered, or "-" before any.
+func hitRatio(cache map[string]float64) string {
+	var total float64
+	for _, n := range cache {
+		total += n
+	}
+	if total == 0 {
+		return "-"
+	}
+	return strconv.FormatFloat(100*cache["hit"]/total, 'f', 1, 64) + "%"
+}
+
+// upstreamSummary is "healthy/all" endpoints.
+func upstreamSummary(ups []agent.UpstreamStatus) string {
+	healthy := 0
+	for _, u := range ups {
+		if u.Healthy {
+			healthy++
+		}
+	}
+	return fmt.Sprintf("%d/%d healthy", healthy, len(ups))
+}
+
+func certExpiry(t *time.Time) string {
+	if t == nil {
+		return "-"
+	}
+	return "in " + time.Until(*t).Round(time.Minute).String()
+}

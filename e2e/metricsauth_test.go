@@ -1,0 +1,182 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
+)
+
+// The agent's review budget for new tokens on its metrics listener
+// (agent/metrics_auth.go).
+const (
+	metricsReviewQPS   = 0.2
+	metricsReviewBurst = 5
+)
+
+// TestMetricsAccessControl checks the agent's metrics listener as an
+// in-cluster Prometheus and a tenant on the pod network meet it: HTTPS,
+// tokens checked with kube-apiserver, RBAC deciding, the health paths open,
+// and made-up tokens unable to make the agent flood kube-apiserver with
+// TokenReviews.
+func TestMetricsAccessControl(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	a := startAgent(t, ctx, c)
+	get := func(path, token string) (int, string) {
+		t.Helper()
+		code, b, err := sandbox.AgentGetWithToken(ctx, c.Node, sandbox.AgentMetricsAddr, path, token, 10*time.Second)
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		return code, string(b)
+	}
+
+	// Given a scraper whose ServiceAccount is bound to
+	// kube-apicache:metrics-reader, it reads /metrics over HTTPS.
+	scraper, err := c.ScraperToken(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get("/metrics", scraper); code != http.StatusOK || !strings.Contains(body, "kube_apicache_intercepting 1") {
+		t.Fatalf("scrape with the metrics-reader token = %d %.200q, want 200 with the metrics", code, body)
+	}
+	// A ServiceAccount without the grant is authenticated and forbidden.
+	const tenantNS = "e2e-metrics-tenant"
+	if err := c.EnsureServiceAccount(ctx, tenantNS, "app"); err != nil {
+		t.Fatal(err)
+	}
+	tenant, _, err := c.ServiceAccountToken(ctx, tenantNS, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get("/metrics", tenant); code != http.StatusForbidden || !strings.Contains(body, "system:serviceaccount:"+tenantNS+":app") {
+		t.Errorf("scrape with a token RBAC does not allow = %d %.200q, want 403 naming the user", code, body)
+	}
+	// Without a token: anonymous, forbidden /metrics, open health paths.
+	if code, body := get("/metrics", ""); code != http.StatusForbidden || !strings.Contains(body, "system:anonymous") {
+		t.Errorf("anonymous scrape = %d %.200q, want 403 for system:anonymous", code, body)
+	}
+	for _, p := range []string{"/healthz", "/livez", "/readyz", "/intercepting"} {
+		if code, body := get(p, ""); code != http.StatusOK {
+			t.Errorf("anonymous GET %s = %d %q, want 200", p, code, body)
+		}
+	}
+	// Profiles are not served without --profiling.
+	if code, _ := get("/debug/pprof/heap", scraper); code != http.StatusNotFound {
+		t.Errorf("GET /debug/pprof/heap without --profiling = %d, want 404", code)
+	}
+
+	// When a tenant sends a burst of made-up tokens,
+	reviewsBefore, throttledBefore := metricsListenerFigures(t, ctx, a)
+	apiBefore := apiserverTokenReviews(t, ctx, c)
+	const burst, workers = 300, 20
+	codes := map[int]int{}
+	var mu sync.Mutex
+	var throttledBody string
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range workers {
+		wg.Go(func() {
+			for i := w; i < burst; i += workers {
+				code, b, err := sandbox.AgentGetWithToken(ctx, c.Node, sandbox.AgentMetricsAddr, "/metrics", fmt.Sprintf("made-up-%d-%d", time.Now().UnixNano(), i), 10*time.Second)
+				mu.Lock()
+				if err != nil {
+					codes[0]++
+				} else {
+					codes[code]++
+					if code == http.StatusTooManyRequests {
+						throttledBody = string(b)
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	reviewsAfter, throttledAfter := metricsListenerFigures(t, ctx, a)
+	apiAfter := apiserverTokenReviews(t, ctx, c)
+	sent := reviewsAfter - reviewsBefore
+	budget := metricsReviewBurst + math.Ceil(metricsReviewQPS*elapsed.Seconds()) + 1
+	figuref(t, "metrics: %d made-up tokens in %s: %d answered 401, %d 429, %d failed; the agent sent %.0f TokenReviews (budget %.0f), kube-apiserver counted %.0f",
+		burst, elapsed.Round(time.Millisecond), codes[http.StatusUnauthorized], codes[http.StatusTooManyRequests], codes[0], sent, budget, apiAfter-apiBefore)
+	// then each got 401 (reviewed and rejected) or 429 (not reviewed),
+	if codes[http.StatusUnauthorized]+codes[http.StatusTooManyRequests] != burst {
+		t.Errorf("answers by code %v, want only 401 and 429", codes)
+	}
+	if codes[http.StatusTooManyRequests] == 0 {
+		t.Errorf("no request was throttled: %v", codes)
+	}
+	var st metav1.Status
+	if err := json.Unmarshal([]byte(throttledBody), &st); codes[http.StatusTooManyRequests] > 0 && (err != nil || st.Reason != metav1.StatusReasonTooManyRequests) {
+		t.Errorf("429 body %.200q is not a TooManyRequests Status", throttledBody)
+	}
+	// the agent sent no more TokenReviews than its token bucket allows,
+	if sent > budget || float64(codes[http.StatusUnauthorized]) > budget {
+		t.Errorf("%.0f TokenReviews sent (%d answered 401) in %s, want at most %.0f", sent, codes[http.StatusUnauthorized], elapsed, budget)
+	}
+	// and kube-apiserver saw no more than that (the sandbox sends it no
+	// other TokenReviews meanwhile; a few of its own are allowed for).
+	if got := apiAfter - apiBefore; got > sent+5 {
+		t.Errorf("kube-apiserver counted %.0f TokenReviews during the burst, the agent %.0f", got, sent)
+	}
+	if got := throttledAfter - throttledBefore; got != float64(codes[http.StatusTooManyRequests]) {
+		t.Errorf("throttled counter moved by %v, want %d", got, codes[http.StatusTooManyRequests])
+	}
+	// Meanwhile the scraper, whose token is cached, is still served, and
+	// so are the kubelet's probes.
+	if code, _ := get("/metrics", scraper); code != http.StatusOK {
+		t.Errorf("scrape right after the burst = %d, want 200", code)
+	}
+	if code, _ := get("/healthz", ""); code != http.StatusOK {
+		t.Errorf("/healthz right after the burst = %d, want 200", code)
+	}
+}
+
+// metricsListenerFigures returns the TokenReviews the agent's metrics
+// listener has sent and the requests it has throttled.
+func metricsListenerFigures(t *testing.T, ctx context.Context, a *sandbox.Agent) (tokenReviews, throttled float64) {
+	t.Helper()
+	m := scrapeAgent(t, ctx, a)
+	return sumWhere(m["kube_apicache_metrics_reviews_total"], map[string]string{"kind": "tokenreview"}),
+		sumWhere(m["kube_apicache_metrics_refused_requests_total"], map[string]string{"reason": "throttled"})
+}
+
+// apiserverTokenReviews sums the TokenReviews every kube-apiserver of the
+// sandbox has answered (apiserver_request_total).
+func apiserverTokenReviews(t *testing.T, ctx context.Context, c *sandbox.Cluster) float64 {
+	t.Helper()
+	var total float64
+	for _, as := range c.APIServers() {
+		cfg := rest.CopyConfig(c.AdminConfig)
+		cfg.Host = as.URL
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
+		if err != nil {
+			t.Fatalf("kube-apiserver %s metrics: %v", as.URL, err)
+		}
+		for _, s := range parseMetrics(t, string(raw))["apiserver_request_total"] {
+			if s.labels["resource"] == "tokenreviews" {
+				total += s.value
+			}
+		}
+	}
+	return total
+}
