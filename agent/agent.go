@@ -389,6 +389,9 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	wg.Go(func() { a.up.run(loops, a.cfg.UpstreamHealthPeriod) })
 	wg.Go(func() { a.watchEndpoints(loops) })
 	wg.Go(func() { a.watchService(loops) })
+	if a.cfg.InterceptionConfigMap != "" {
+		wg.Go(func() { a.watchInterceptionConfigMap(loops) })
+	}
 	if m := a.cfg.DetectLocalMode; m == DetectLocalPodIPs || m == DetectLocalNodeCIDR {
 		wg.Go(func() { a.runDetectLocal(loops) })
 	}

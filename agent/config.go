@@ -47,6 +47,12 @@ type Config struct {
 	// runs (cache, metrics, certificate) but leaves the Service to
 	// kube-proxy until SetInterception turns interception on.
 	InterceptionDisabled bool
+	// InterceptionConfigMap, NAMESPACE/NAME, is a ConfigMap holding an
+	// AgentConfiguration (key InterceptionConfigMapKey) whose
+	// interception.enabled the agent follows through a watch: the kill
+	// switch in about a second, rather than at the kubelet's next sync of
+	// a mounted ConfigMap. Empty: none.
+	InterceptionConfigMap string
 
 	// Upstreams are kube-apiserver endpoints, dialled directly and never
 	// through the Service VIP.
@@ -311,6 +317,12 @@ func (c *Config) Validate() error {
 	}
 	if err := c.validateListenIPv6(); err != nil {
 		return err
+	}
+	if c.InterceptionConfigMap != "" {
+		ns, name, ok := strings.Cut(c.InterceptionConfigMap, "/")
+		if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {
+			return fmt.Errorf("--interception-configmap %q must be NAMESPACE/NAME", c.InterceptionConfigMap)
+		}
 	}
 	if err := c.validateMetricsBindAddress(); err != nil {
 		return err

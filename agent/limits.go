@@ -145,7 +145,7 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.HTTP2MaxStreams, "http2-max-streams-per-connection", l.HTTP2MaxStreams, "Concurrent streams allowed on one HTTP/2 connection.")
 	fs.IntVar(&l.HTTP2MaxFrameSize, "http2-max-frame-size", l.HTTP2MaxFrameSize, "Largest HTTP/2 frame read from clients (16384 to 16777215).")
 	fs.IntVar(&l.HTTP2MaxStreamBuffer, "http2-max-stream-buffer", l.HTTP2MaxStreamBuffer, "HTTP/2 receive window per stream; the connection window is this times --http2-max-streams-per-connection.")
-	fs.IntVar(&l.MaxRequestsInFlight, "max-requests-inflight", l.MaxRequestsInFlight, "Non-mutating requests (get, list) served at once before 429; watches and other long-running requests are not counted. 0 means no limit.")
+	fs.IntVar(&l.MaxRequestsInFlight, "max-requests-inflight", l.MaxRequestsInFlight, "Non-mutating requests (get, list) served at once before 429, per path: the cache and the forwarding path each have this many (so up to twice it in all). Watches and other long-running requests are not counted. 0 means no limit.")
 	fs.IntVar(&l.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", l.MaxMutatingRequestsInFlight, "Mutating requests forwarded at once before 429. 0 means no limit.")
 	fs.IntVar(&l.MaxLongRunningRequests, "max-long-running-requests", l.MaxLongRunningRequests, "Long-running requests (watches, exec, attach, port-forward, proxy, logs) open at once before 429. Negative means no limit.")
 	fs.IntVar(&l.MaxLongRunningRequestsPerSource, "max-long-running-requests-per-source", l.MaxLongRunningRequestsPerSource, "Long-running requests one client IP may have open at once before 429 (host-network pods share the node's IP). Negative means no limit.")

@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	configv1alpha1 "github.com/kube-apicache/kube-apicache/agent/apis/config/v1alpha1"
 )
 
 // stepAside is an error that makes the agent leave the Service to
@@ -56,6 +58,71 @@ func (a *Agent) SetInterception(enabled bool, reason string) {
 		logger.Info("Interception turned off; the kubernetes Service goes to kube-proxy's path", "reason", reason)
 	}
 	a.requestSync()
+}
+
+// InterceptionConfigMapKey is the key of InterceptionConfigMap that holds
+// the AgentConfiguration, as in the shipped manifests.
+const InterceptionConfigMapKey = "config.yaml"
+
+// watchInterceptionConfigMap follows cfg.InterceptionConfigMap with the
+// agent's own client until ctx ends, and sets interception from its
+// configuration's interception.enabled on every change. One watch of one
+// object per node (the kubelet already holds one for the mounted volume);
+// an edit reaches every agent within about a second. A ConfigMap that is
+// missing, deleted or does not hold a valid configuration changes nothing,
+// so a typo cannot turn interception on or off.
+func (a *Agent) watchInterceptionConfigMap(ctx context.Context) {
+	logger := klog.FromContext(ctx)
+	ns, name, _ := strings.Cut(a.cfg.InterceptionConfigMap, "/")
+	var lastErr string
+	a.watchObject(ctx, ns, name, "the kill switch's ConfigMap "+a.cfg.InterceptionConfigMap,
+		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Core().V1().ConfigMaps().Informer()
+		},
+		func(obj any) {
+			cm, ok := obj.(*corev1.ConfigMap)
+			if !ok {
+				return
+			}
+			c, err := configv1alpha1.Decode([]byte(cm.Data[InterceptionConfigMapKey]))
+			if err != nil {
+				if msg := err.Error(); msg != lastErr {
+					logger.Error(err, "The kill switch's ConfigMap does not hold a valid configuration; interception stays as it is",
+						"configMap", a.cfg.InterceptionConfigMap, "key", InterceptionConfigMapKey)
+					lastErr = msg
+				}
+				return
+			}
+			lastErr = ""
+			enabled := c.Interception.Enabled == nil || *c.Interception.Enabled
+			a.SetInterception(enabled, fmt.Sprintf("interception.enabled: %t in ConfigMap %s", enabled, a.cfg.InterceptionConfigMap))
+		})
+}
+
+// watchObject follows one object, namespace/name, with the agent's own
+// client until ctx ends (one watch, by name, served from kube-apiserver's
+// watch cache), and calls handle with it when it is added or changes.
+// informer picks the object's informer from the factory; what names it in
+// the log.
+func (a *Agent) watchObject(ctx context.Context, namespace, name, what string,
+	informer func(informers.SharedInformerFactory) cache.SharedIndexInformer, handle func(obj any)) {
+	client, err := kubernetes.NewForConfig(a.restConfig())
+	if err != nil {
+		klog.FromContext(ctx).Error(err, "Cannot watch "+what)
+		return
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 30*time.Minute,
+		informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+		}))
+	_, _ = informer(factory).AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    handle,
+		UpdateFunc: func(_, obj any) { handle(obj) },
+	})
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
 }
 
 // switchCollector exports the kill switch and the Service check as gauges,
@@ -115,31 +182,15 @@ func (a *Agent) serviceConfigErr() error {
 // the configuration is trusted.
 func (a *Agent) watchService(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	client, err := kubernetes.NewForConfig(a.restConfig())
-	if err != nil {
-		logger.Error(err, "Cannot watch the kubernetes Service; the Service VIPs are not verified")
-		return
-	}
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 30*time.Minute,
-		informers.WithNamespace(kubernetesNamespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", kubernetesService).String()
-		}))
-	inf := factory.Core().V1().Services().Informer()
-	check := func(obj any) {
-		svc, ok := obj.(*corev1.Service)
-		if !ok {
-			return
-		}
-		a.checkService(logger, svc)
-	}
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    check,
-		UpdateFunc: func(_, obj any) { check(obj) },
-	})
-	factory.Start(ctx.Done())
-	<-ctx.Done()
-	factory.Shutdown()
+	a.watchObject(ctx, kubernetesNamespace, kubernetesService, "the kubernetes Service; the Service VIPs are not verified",
+		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
+			return f.Core().V1().Services().Informer()
+		},
+		func(obj any) {
+			if svc, ok := obj.(*corev1.Service); ok {
+				a.checkService(logger, svc)
+			}
+		})
 }
 
 // checkService compares the configuration with svc and records the

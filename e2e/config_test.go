@@ -2,12 +2,16 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
@@ -122,6 +126,52 @@ func TestConfigFile(t *testing.T) {
 			return code == http.StatusOK
 		})
 		figuref(t, "config/kill switch: on again %v after the file changed", took.Round(time.Millisecond))
+	})
+
+	t.Run("KillSwitchConfigMap", func(t *testing.T) {
+		cms := c.Admin.CoreV1().ConfigMaps(sandbox.AgentNamespace)
+		doc := func(enabled bool) map[string]string {
+			return map[string]string{"config.yaml": fmt.Sprintf("apiVersion: config.kube-apicache.io/v1alpha1\nkind: AgentConfiguration\ninterception:\n  enabled: %t\n", enabled)}
+		}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kube-apicache-config"}, Data: doc(true)}
+		if _, err := cms.Create(ctx, cm, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = cms.Delete(context.Background(), cm.Name, metav1.DeleteOptions{}) }()
+		pod, certFile, keyFile := newAgentPod(t, ctx, c)
+		a, err := c.StartAgent(ctx, pod, agentBin, c.AgentArgs(certFile, keyFile, "--interception-configmap="+sandbox.AgentNamespace+"/"+cm.Name)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Process.Stop(40 * time.Second)
+		if err := a.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+		set := func(enabled bool) {
+			cur, err := cms.Get(ctx, cm.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cur.Data = doc(enabled)
+			if _, err := cms.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		set(false)
+		took := waitFor(t, 30*time.Second, "/intercepting to report the ConfigMap's kill switch", func() bool {
+			_, body, _ := agentEndpoint(ctx, c, "/intercepting")
+			return strings.Contains(body, "interception turned off (interception.enabled: false in ConfigMap")
+		})
+		figuref(t, "config/kill switch by ConfigMap watch: off %v after the update", took.Round(time.Millisecond))
+		if took > 5*time.Second {
+			t.Errorf("the ConfigMap's kill switch took %v, want a watch's second or two", took)
+		}
+		set(true)
+		took = waitFor(t, 30*time.Second, "interception back on", func() bool {
+			code, _, _ := agentEndpoint(ctx, c, "/intercepting")
+			return code == http.StatusOK
+		})
+		figuref(t, "config/kill switch by ConfigMap watch: on again %v after the update", took.Round(time.Millisecond))
 	})
 
 	t.Run("MisspeltField", func(t *testing.T) {

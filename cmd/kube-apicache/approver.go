@@ -86,6 +86,7 @@ Service's names or IPs; it leaves all other CSRs alone.`,
 				return err
 			}
 			discoverService(cmd.Flags(), &o.serviceVIPs, nil)
+			discoverClusterDomain(cmd.Flags(), &o.clusterDomain)
 			policy, err := o.policy()
 			if err != nil {
 				return applied.Annotate(err)
@@ -112,7 +113,7 @@ Service's names or IPs; it leaves all other CSRs alone.`,
 	fs.StringVar(&o.signerName, "signer-name", identity.DefaultSignerName, "Signer of the CSRs this approver decides (spec.signerName), as the agents are given it. Its RBAC must allow approve on signers/<this name>.")
 	fs.StringVar(&o.listenAddress, "listen-address", agent.DefaultListenAddress, "The agents' --listen-address; its IP is in their certificates when a --service-vip is IPv4.")
 	fs.StringVar(&o.listenIPv6, "listen-address-ipv6", agent.DefaultListenAddressIPv6, "The agents' --listen-address-ipv6; its IP is in their certificates when a --service-vip is IPv6.")
-	fs.StringVar(&o.clusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, as the agents are given it.")
+	fs.StringVar(&o.clusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, as the agents are given it. Unset, it is taken from the DNS search path in /etc/resolv.conf, as the agents take it.")
 	fs.IntVar(&o.workers, "workers", defaultApproverWorkers, "CSRs decided in parallel.")
 	fs.DurationVar(&o.maxLifetime, "max-certificate-lifetime", 7*24*time.Hour, "Longest lifetime (spec.expirationSeconds) an agent CSR may ask for; CSRs without one are denied. Must be at least the agents' --certificate-lifetime.")
 	fs.DurationVar(&o.maxCSRAge, "max-csr-age", identity.PendingCSRTimeout, "Pending CSRs older than this are left undecided: the agents give up on a CSR after this long and send another. 0: no limit.")

@@ -6,9 +6,11 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent"
@@ -58,6 +60,53 @@ func (c *configFile) apply(fs *pflag.FlagSet) (configv1alpha1.Applied, error) {
 		return nil, fmt.Errorf("--config %s: %w", c.path, err)
 	}
 	return applied, nil
+}
+
+// resolvConf is the container's DNS configuration, which the kubelet writes
+// with the cluster domain in its search path.
+var resolvConf = "/etc/resolv.conf"
+
+// discoverClusterDomain fills in the cluster domain from the DNS search
+// path the kubelet gives pods with a cluster DNS policy (ClusterFirst, and
+// ClusterFirstWithHostNet as the DaemonSet has): "<namespace>.svc.<domain>
+// svc.<domain> <domain>". Where neither the command line nor the file set
+// it, and the search path has no such entry, the default stays. The agent
+// and the approver find the same domain this way, as the kubelet gives it
+// to both.
+func discoverClusterDomain(fs *pflag.FlagSet, domain *string) {
+	if fs.Changed("cluster-domain") {
+		return
+	}
+	d, ok := clusterDomainFromResolvConf(resolvConf)
+	if !ok {
+		return
+	}
+	if d != *domain {
+		klog.Background().Info("Cluster domain from the DNS search path", "clusterDomain", d, "file", resolvConf)
+	}
+	*domain = d
+}
+
+// clusterDomainFromResolvConf returns <domain> from the first svc.<domain>
+// entry of path's search line.
+func clusterDomainFromResolvConf(path string) (string, bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", false
+	}
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "search" {
+			continue
+		}
+		for _, s := range f[1:] {
+			d, ok := strings.CutPrefix(strings.TrimSuffix(s, "."), "svc.")
+			if ok && d != "" && len(validation.IsDNS1123Subdomain(d)) == 0 {
+				return d, true
+			}
+		}
+	}
+	return "", false
 }
 
 // deprecatedNames maps each deprecated flag to the flag it was renamed to;

@@ -59,3 +59,27 @@ func TestConfigSectionsPerCommand(t *testing.T) {
 		t.Errorf("approver's metrics address %q, want its own default %q", got, defaultApproverMetricsAddress)
 	}
 }
+
+// Given the resolv.conf files the kubelet writes, the cluster domain is
+// the svc.<domain> entry of the search path; files without one give none.
+func TestClusterDomainFromResolvConf(t *testing.T) {
+	for name, tc := range map[string]struct{ conf, want string }{
+		"ClusterFirst":     {conf: "search kube-apicache.svc.example.internal svc.example.internal example.internal\nnameserver 10.96.0.10\noptions ndots:5\n", want: "example.internal"},
+		"trailing dots":    {conf: "search default.svc.cluster.local. svc.cluster.local. cluster.local.\n", want: "cluster.local"},
+		"host's own":       {conf: "nameserver 10.0.0.2\nsearch corp.example\n"},
+		"no search":        {conf: "nameserver 10.0.0.2\n"},
+		"invalid domain":   {conf: "search svc.UPPER_case\n"},
+		"empty after svc.": {conf: "search svc.\n"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "resolv.conf")
+			if err := os.WriteFile(path, []byte(tc.conf), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			got, ok := clusterDomainFromResolvConf(path)
+			if got != tc.want || ok != (tc.want != "") {
+				t.Errorf("clusterDomainFromResolvConf = %q, %v; want %q", got, ok, tc.want)
+			}
+		})
+	}
+}

@@ -88,6 +88,7 @@ AgentConfiguration); a flag on the command line wins over the file.`,
 				return err
 			}
 			discoverService(cmd.Flags(), &o.serviceVIPs, &o.cfg.ServicePort)
+			discoverClusterDomain(cmd.Flags(), &o.cfg.ClusterDomain)
 			if err := o.complete(); err != nil {
 				return applied.Annotate(err)
 			}
@@ -99,12 +100,13 @@ AgentConfiguration); a flag on the command line wins over the file.`,
 	fs.StringVar(&c.NodeName, "node-name", "", "Name of this node. Default: $NODE_NAME.")
 	fs.StringSliceVar(&o.serviceVIPs, "service-vip", nil, "Cluster IP(s) of the default/kubernetes Service, the destinations redirected to the agent. Default: $KUBERNETES_SERVICE_HOST, as the kubelet gives it to every pod, else "+agent.DefaultServiceVIP+". The agent checks them against the Service itself and is not ready, and does not intercept, while they differ.")
 	fs.Uint16Var(&c.ServicePort, "service-port", agent.DefaultServicePort, "Port of the default/kubernetes Service. Default: $KUBERNETES_SERVICE_PORT where set.")
-	fs.StringVar(&c.ClusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, for the kubernetes.default.svc.<domain> name in the serving certificate. Keep it in step with the approver (or set both in the configuration file).")
+	fs.StringVar(&c.ClusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, for the kubernetes.default.svc.<domain> name in the serving certificate. Unset, it is taken from the svc.<domain> entry of the DNS search path the kubelet writes into /etc/resolv.conf, where there is one. Keep it in step with the approver (or set both in the configuration file).")
 	fs.StringVar(&o.listenAddress, "listen-address", agent.DefaultListenAddress, "Local IP:port to serve on; the Service VIP is redirected here. The IP is added to the node by the agent.")
 	fs.StringVar(&o.listenIPv6, "listen-address-ipv6", agent.DefaultListenAddressIPv6, "Local [IP]:port the IPv6 Service VIP is redirected to, used only when a --service-vip is IPv6 (dual-stack). A unique local address (fd00::/8) no network of the cluster uses: link-local and loopback addresses cannot take DNATed pod traffic.")
 
 	fs = nfs.FlagSet("interception")
-	fs.BoolVar(&o.interception, "interception", true, "Intercept the kubernetes Service. false is the kill switch: the agent keeps running (cache, metrics) but hands the VIP to kube-proxy. Set in the configuration file (interception.enabled), it is re-read every few seconds while the agent runs.")
+	fs.BoolVar(&o.interception, "interception", true, "Intercept the kubernetes Service. false is the kill switch: the agent keeps running (cache, metrics) but hands the VIP to kube-proxy. Set in the configuration (interception.enabled), it is followed while the agent runs: watched in --interception-configmap, else re-read from the --config file every 5 seconds.")
+	fs.StringVar(&c.InterceptionConfigMap, "interception-configmap", "", "NAMESPACE/NAME of a ConfigMap holding this configuration (key "+agent.InterceptionConfigMapKey+") whose interception.enabled the agent watches through the API, so the kill switch takes effect in about a second rather than at the kubelet's next sync of the mounted file; the --config file's own interception.enabled is then not re-read. Needs get, list and watch of that ConfigMap. Ignored when --interception is on the command line.")
 	fs.DurationVar(&c.LivenessTimeout, "fail-open-timeout", agent.DefaultLivenessTimeout, "How long the kernel keeps redirecting after the agent's last successful health check: after a crash or hang, the VIP goes back to kube-proxy within this time. This is the redirect's dead-man switch, not the container's livenessProbe.")
 	fs.DurationVar(&c.LivenessTimeout, "liveness-timeout", agent.DefaultLivenessTimeout, "Former name of --fail-open-timeout.")
 	_ = fs.MarkDeprecated("liveness-timeout", "use --fail-open-timeout")
@@ -241,6 +243,10 @@ func (o *options) complete() error {
 	}
 	c.SocketMark = o.socketMark
 	c.InterceptionDisabled = !o.interception
+	if o.config.cliInterception && c.InterceptionConfigMap != "" {
+		// The command line's --interception wins over every other source.
+		c.InterceptionConfigMap = ""
+	}
 	if c.CacheResources, err = cache.ParseResources(o.cacheSpec); err != nil {
 		return err
 	}
@@ -308,7 +314,9 @@ func run(ctx context.Context, cfg *agent.Config, config *configFile) error {
 	if err != nil {
 		return err
 	}
-	go config.watchKillSwitch(ctx, a)
+	if cfg.InterceptionConfigMap == "" {
+		go config.watchKillSwitch(ctx, a)
+	}
 	// SIGHUP renews the serving certificate now.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

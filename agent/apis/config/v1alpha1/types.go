@@ -45,6 +45,7 @@ type ClusterConfiguration struct {
 // the Service back to kube-proxy.
 type InterceptionConfiguration struct {
 	Enabled                *bool            `json:"enabled,omitempty" flag:"interception"`
+	ConfigMap              *string          `json:"configMap,omitempty" flag:"interception-configmap"`
 	FailOpenTimeout        *metav1.Duration `json:"failOpenTimeout,omitempty" flag:"fail-open-timeout"`
 	DetectLocalMode        *string          `json:"detectLocalMode,omitempty" flag:"detect-local-mode"`
 	ClusterCIDRs           []string         `json:"clusterCIDRs,omitempty" flag:"cluster-cidr"`

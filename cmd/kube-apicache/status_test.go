@@ -1,0 +1,53 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-apicache/kube-apicache/agent"
+)
+
+// kube-apiserver's pods proxy takes port numbers only: names are resolved
+// from the pod's container ports, and an unknown name is an error.
+func TestPodPort(t *testing.T) {
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "kube-apicache-x"}, Spec: corev1.PodSpec{Containers: []corev1.Container{{
+		Ports: []corev1.ContainerPort{{Name: "apicache", ContainerPort: 10443}, {Name: "metrics", ContainerPort: 10445}},
+	}}}}
+	for port, want := range map[string]string{"metrics": "10445", "10445": "10445", "apicache": "10443"} {
+		if got, err := podPort(p, port); err != nil || got != want {
+			t.Errorf("podPort(%q) = %q, %v; want %q", port, got, err, want)
+		}
+	}
+	if _, err := podPort(p, "nope"); err == nil || !strings.Contains(err.Error(), `no container port named "nope"`) {
+		t.Errorf("podPort(nope) error = %v", err)
+	}
+}
+
+// The table has a line per node with the hit ratio over the reads the
+// cache considered, the agents that did not answer, and a total.
+func TestStatusTable(t *testing.T) {
+	until := time.Now().Add(5 * time.Hour)
+	rows := []statusRow{
+		{Pod: "a", Node: "n1", Status: &agent.Status{Intercepting: true, Ready: true,
+			Upstreams:           []agent.UpstreamStatus{{Endpoint: "10.0.0.1:6443", Healthy: true}, {Endpoint: "10.0.0.2:6443"}},
+			CertificateNotAfter: &until, Cache: map[string]float64{"hit": 3, "forwarded": 1}}},
+		{Pod: "b", Node: "n2", Status: &agent.Status{Ready: true, InterceptingReason: "interception turned off (test)", Cache: map[string]float64{}}},
+		{Pod: "c", Node: "n3", Error: "connection refused"},
+	}
+	var b bytes.Buffer
+	if err := (&statusOptions{}).print(&b, rows); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"75.0%", "1/2 healthy", "interception turned off (test)", "connection refused",
+		"3 agents: 1 intercepting, 1 not, 1 not answering"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+}
