@@ -12,8 +12,6 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
@@ -160,23 +158,5 @@ func metricsListenerFigures(t *testing.T, ctx context.Context, a *sandbox.Agent)
 // sandbox has answered (apiserver_request_total).
 func apiserverTokenReviews(t *testing.T, ctx context.Context, c *sandbox.Cluster) float64 {
 	t.Helper()
-	var total float64
-	for _, as := range c.APIServers() {
-		cfg := rest.CopyConfig(c.AdminConfig)
-		cfg.Host = as.URL
-		cs, err := kubernetes.NewForConfig(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
-		if err != nil {
-			t.Fatalf("kube-apiserver %s metrics: %v", as.URL, err)
-		}
-		for _, s := range parseMetrics(t, string(raw))["apiserver_request_total"] {
-			if s.labels["resource"] == "tokenreviews" {
-				total += s.value
-			}
-		}
-	}
-	return total
+	return sumAPIServerMetric(t, ctx, c, "apiserver_request_total", map[string]string{"resource": "tokenreviews"})
 }

@@ -41,6 +41,13 @@ func agentCacheWatches(t *testing.T, c *sandbox.Cluster, t0 time.Time, stage aud
 // the agent's and every other client's.
 func apiserverWatches(t *testing.T, ctx context.Context, c *sandbox.Cluster, resource string) float64 {
 	t.Helper()
+	return sumAPIServerMetric(t, ctx, c, "apiserver_longrunning_requests", map[string]string{"verb": "WATCH", "resource": resource})
+}
+
+// sumAPIServerMetric sums the samples of name matching match over every
+// kube-apiserver of the sandbox.
+func sumAPIServerMetric(t *testing.T, ctx context.Context, c *sandbox.Cluster, name string, match map[string]string) float64 {
+	t.Helper()
 	var n float64
 	for _, as := range c.APIServers() {
 		cfg := rest.CopyConfig(c.AdminConfig)
@@ -51,9 +58,9 @@ func apiserverWatches(t *testing.T, ctx context.Context, c *sandbox.Cluster, res
 		}
 		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(ctx)
 		if err != nil {
-			t.Fatalf("kube-apiserver metrics: %v", err)
+			t.Fatalf("kube-apiserver %s metrics: %v", as.URL, err)
 		}
-		n += sumWhere(parseMetrics(t, string(raw))["apiserver_longrunning_requests"], map[string]string{"verb": "WATCH", "resource": resource})
+		n += sumWhere(parseMetrics(t, string(raw))[name], match)
 	}
 	return n
 }

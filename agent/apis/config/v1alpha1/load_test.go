@@ -12,23 +12,19 @@ import (
 	"sigs.k8s.io/yaml"
 )
 
-// flags is a command's flag set with a few flags of each kind.
-func flags() (*pflag.FlagSet, *struct {
+// flagValues are the variables behind the flags of flags().
+type flagValues struct {
 	vips   []string
 	port   uint16
 	domain string
 	on     bool
 	sync   time.Duration
 	events int
-}) {
-	v := &struct {
-		vips   []string
-		port   uint16
-		domain string
-		on     bool
-		sync   time.Duration
-		events int
-	}{}
+}
+
+// flags is a command's flag set with a few flags of each kind.
+func flags() (*pflag.FlagSet, *flagValues) {
+	v := &flagValues{}
 	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
 	fs.StringSliceVar(&v.vips, "service-vip", []string{"10.96.0.1"}, "")
 	fs.Uint16Var(&v.port, "service-port", 443, "")
