@@ -24,6 +24,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -134,6 +135,9 @@ func run(ctx context.Context, o options) (int, error) {
 	for _, p := range applied.Unused {
 		logf("specs.txt: %q matches no candidate spec", p)
 	}
+	if missing := missingRequired(applied.Selected); len(missing) > 0 {
+		return 0, fmt.Errorf("specs.txt selects no spec for %q: the specs that found the agent's bugs must stay in the selection", missing)
+	}
 	var selected []string
 	for _, s := range applied.Selected {
 		if o.focus.MatchString(s) {
@@ -227,8 +231,32 @@ func listSelection(a Applied, selected []string) {
 	}
 }
 
+// requiredSpecs match the specs that must run and pass in both runs: the
+// two that once passed directly and failed through the agent (a cached
+// list's field selector on Events, a caller with a client certificate).
+var requiredSpecs = []*regexp.Regexp{
+	regexp.MustCompile(`\[sig-instrumentation\] Events API should ensure that an event can be fetched, patched, deleted, and listed`),
+	regexp.MustCompile(`\[sig-auth\] Certificates API \[Privileged:ClusterAdmin\] should support building a client with a CSR`),
+}
+
+// missingRequired returns the expressions of requiredSpecs that match no
+// spec of selected.
+func missingRequired(selected []string) []string {
+	var missing []string
+	for _, re := range requiredSpecs {
+		if !slices.ContainsFunc(selected, re.MatchString) {
+			missing = append(missing, re.String())
+		}
+	}
+	return missing
+}
+
 // writeResults compares the runs spec by spec and returns the exit code: 1
-// if a spec passed directly but not through the agent.
+// if a spec passed directly but not through the agent, or if the
+// comparison proves nothing: the agent answered no request from its cache
+// or forwarded none (the suite did not go through it), no spec passed
+// directly, or a required spec (requiredSpecs) that was selected failed in
+// either run.
 func writeResults(w *strings.Builder, runs []Run, results map[string]*RunResult, selected []string) int {
 	fmt.Fprintf(w, "\n%-7s %6s %7s %7s %8s %8s %10s\n", "run", "specs", "passed", "failed", "skipped", "set-up", "suite")
 	for _, r := range runs {
@@ -260,7 +288,7 @@ func writeResults(w *strings.Builder, runs []Run, results map[string]*RunResult,
 	if direct == nil || agent == nil {
 		return 0
 	}
-	var regressions, gains, bothFail []string
+	var regressions, gains, bothFail, vacuous []string
 	passedDirect, passedAgent := 0, 0
 	for _, s := range selected {
 		d, a := direct.Results[s], agent.Results[s]
@@ -278,6 +306,18 @@ func writeResults(w *strings.Builder, runs []Run, results map[string]*RunResult,
 		case !d.Passed() && !a.Passed():
 			bothFail = append(bothFail, s)
 		}
+		if (!d.Passed() || !a.Passed()) && slices.ContainsFunc(requiredSpecs, func(re *regexp.Regexp) bool { return re.MatchString(s) }) {
+			vacuous = append(vacuous, fmt.Sprintf("required spec %q did not pass in both runs (direct %s, agent %s)", s, stateOf(d), stateOf(a)))
+		}
+	}
+	if agent.Cache["hit"] == 0 {
+		vacuous = append(vacuous, "the agent answered no request from its cache")
+	}
+	if agent.Cache["forwarded"] == 0 {
+		vacuous = append(vacuous, "the agent forwarded no request: the suite did not go through it")
+	}
+	if passedDirect == 0 {
+		vacuous = append(vacuous, "no spec passed directly")
 	}
 	fmt.Fprintln(w)
 	if len(regressions) == 0 && len(gains) == 0 {
@@ -305,7 +345,13 @@ func writeResults(w *strings.Builder, runs []Run, results map[string]*RunResult,
 	describe("passed directly, not through the agent", regressions)
 	describe("passed through the agent, not directly", gains)
 	describe("passed in neither run (specs.txt may need an entry)", bothFail)
-	if len(regressions) > 0 {
+	if len(vacuous) > 0 {
+		fmt.Fprintf(w, "\nthe comparison proves nothing:\n")
+		for _, v := range vacuous {
+			fmt.Fprintf(w, "- %s\n", v)
+		}
+	}
+	if len(regressions) > 0 || len(vacuous) > 0 {
 		return 1
 	}
 	return 0
