@@ -329,13 +329,13 @@ func (c *Config) Validate() error {
 	}
 	switch {
 	case c.LivenessSet == "" || len(c.LivenessSet) > 30 || strings.ContainsAny(c.LivenessSet, " \t\"'"):
-		return errors.New("--liveness-set must be 1-30 characters without spaces or quotes")
+		return errors.New("--fail-open-set must be 1-30 characters without spaces or quotes")
 	case c.LivenessTimeout < time.Second || c.LivenessTimeout > time.Hour:
-		return errors.New("--liveness-timeout must be between 1s and 1h: the kernel counts whole seconds")
+		return errors.New("--fail-open-timeout must be between 1s and 1h: the kernel counts whole seconds")
 	case c.Dataplane != "" && c.Dataplane != DataplaneAuto && c.Dataplane != DataplaneIPTables && c.Dataplane != DataplaneNFTables:
 		return fmt.Errorf("--dataplane %q must be auto, iptables or nftables", c.Dataplane)
-	case c.NFTablesPriority != 0 && (c.NFTablesPriority < -199 || c.NFTablesPriority > netrules.NFTPriorityDstNAT):
-		return fmt.Errorf("--nftables-priority %d must be in [-199, -100]: after conntrack (-200), and no later than dstnat (-100), where kube-proxy's nat chains run", c.NFTablesPriority)
+	case c.NFTablesPriority != 0 && (c.NFTablesPriority < -199 || c.NFTablesPriority >= netrules.NFTPriorityDstNAT):
+		return fmt.Errorf("--nftables-priority %d must be in [-199, -101]: after conntrack (-200), and strictly before dstnat (-100), where kube-proxy's nat chains run (at the same priority the order is undefined)", c.NFTablesPriority)
 	case c.NFTablesTable != "" && !validNFTName(c.NFTablesTable):
 		return fmt.Errorf("--nftables-table %q must be 1-64 letters, digits, '-' or '_', starting with a letter", c.NFTablesTable)
 	case c.IPTablesBackend != "auto" && c.IPTablesBackend != "legacy" && c.IPTablesBackend != "nft":

@@ -47,9 +47,10 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"defaults are valid", func(*Config) {}, ""},
 		{"no node name", func(c *Config) { c.NodeName = "" }, "--node-name"},
-		{"liveness timeout below the kernel's resolution", func(c *Config) { c.LivenessTimeout = 900 * time.Millisecond }, "--liveness-timeout"},
-		{"liveness set name too long", func(c *Config) { c.LivenessSet = strings.Repeat("X", 31) }, "--liveness-set"},
+		{"liveness timeout below the kernel's resolution", func(c *Config) { c.LivenessTimeout = 900 * time.Millisecond }, "--fail-open-timeout"},
+		{"liveness set name too long", func(c *Config) { c.LivenessSet = strings.Repeat("X", 31) }, "--fail-open-set"},
 		{"unknown iptables backend", func(c *Config) { c.IPTablesBackend = "ebpf" }, "--iptables-backend"},
+		{"nftables priority tied with dstnat", func(c *Config) { c.NFTablesPriority = -100 }, "strictly before dstnat"},
 		{"no upstream health period", func(c *Config) { c.UpstreamHealthPeriod = 0 }, "--upstream-health-period"},
 		{"profiling without a metrics listener", func(c *Config) { c.Profiling = true }, "--profiling needs --metrics-bind-address"},
 		{"profiling on the metrics listener", func(c *Config) { c.Profiling, c.MetricsBindAddress = true, DefaultMetricsBindAddress }, ""},

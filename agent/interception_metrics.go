@@ -28,7 +28,7 @@ func newInterceptionMetrics(reg prometheus.Registerer, up *upstreams) *intercept
 		}, []string{"result"}),
 		refreshGap: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kube_apicache_liveness_refresh_gap_seconds",
-			Help:    "Time between consecutive refreshes of the liveness entries while intercepting. Near --liveness-timeout the kernel expires the entries and interception flaps.",
+			Help:    "Time between consecutive refreshes of the liveness entries while intercepting. Near --fail-open-timeout the kernel expires the entries and interception flaps.",
 			Buckets: []float64{0.1, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 5, 10},
 		}),
 		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
