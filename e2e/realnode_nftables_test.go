@@ -123,22 +123,32 @@ func (s *dsScenario) nodeProbe(ctx context.Context) (agent bool, err error) {
 	return conn.ConnectionState().PeerCertificates[0].Subject.CommonName == "system:node:"+s.node.Name, nil
 }
 
-// probeCounts are the outcomes of the probes of one run.
+// probeCounts are the outcomes of the probes of one run. live counts the
+// probes that reached kube-apiserver although the redirect was live (the
+// VIP in the liveness set just before and just after the probe): those
+// bypassed an installed redirect, as opposed to probes sent after the
+// agent had stepped aside. perRestart[i] is live for the probes sent after
+// restart i+1 (before the next one).
 type probeCounts struct {
-	agent, apiserver, failed int
-	firstFailure             error
+	agent, apiserver, failed, live int
+	perRestart                     []int
+	firstFailure                   error
 }
 
 func (p probeCounts) String() string {
-	return fmt.Sprintf("%d probes: %d reached the agent, %d kube-apiserver, %d failed", p.agent+p.apiserver+p.failed, p.agent, p.apiserver, p.failed)
+	return fmt.Sprintf("%d probes: %d reached the agent, %d kube-apiserver (%d of them while the redirect was live), %d failed",
+		p.agent+p.apiserver+p.failed, p.agent, p.apiserver, p.live, p.failed)
 }
 
 // restartKubeProxyProbing restarts kube-proxy n times while probing the
-// VIP from the node, and returns the probes' outcomes.
-func (s *dsScenario) restartKubeProxyProbing(t *testing.T, ctx context.Context, n int) (probeCounts, []time.Duration) {
+// VIP from the node, and returns the probes' outcomes. live, if not nil,
+// reports whether the agent's redirect is live; probes that reach
+// kube-apiserver are then classified by it.
+func (s *dsScenario) restartKubeProxyProbing(t *testing.T, ctx context.Context, n int, live func() bool) (probeCounts, []time.Duration) {
 	t.Helper()
 	var mu sync.Mutex
-	var counts probeCounts
+	counts := probeCounts{perRestart: make([]int, n)}
+	restart := -1 // the last restart begun; guarded by mu
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -151,7 +161,9 @@ func (s *dsScenario) restartKubeProxyProbing(t *testing.T, ctx context.Context, 
 				return
 			case <-tick.C:
 			}
+			liveBefore := live != nil && live()
 			agent, err := s.nodeProbe(ctx)
+			bypassed := err == nil && !agent && liveBefore && live()
 			mu.Lock()
 			switch {
 			case err != nil:
@@ -163,6 +175,12 @@ func (s *dsScenario) restartKubeProxyProbing(t *testing.T, ctx context.Context, 
 				counts.agent++
 			default:
 				counts.apiserver++
+				if bypassed {
+					counts.live++
+					if restart >= 0 {
+						counts.perRestart[restart]++
+					}
+				}
 			}
 			mu.Unlock()
 		}
@@ -170,6 +188,9 @@ func (s *dsScenario) restartKubeProxyProbing(t *testing.T, ctx context.Context, 
 	var took []time.Duration
 	handles := map[string]bool{s.kubeProxyNATHandle(t, ctx): true}
 	for i := range n {
+		mu.Lock()
+		restart = i
+		mu.Unlock()
 		d, err := s.node.RestartKubeProxy(ctx)
 		if err != nil {
 			close(stop)
@@ -217,7 +238,7 @@ func (s *dsScenario) kubeProxyNATHandle(t *testing.T, ctx context.Context) strin
 // kubeProxyRestarts: every probe reaches the agent while kube-proxy
 // restarts, whatever order its re-registered chains take.
 func (s *dsScenario) kubeProxyRestarts(t *testing.T, ctx context.Context) {
-	counts, took := s.restartKubeProxyProbing(t, ctx, kubeProxyRestarts)
+	counts, took := s.restartKubeProxyProbing(t, ctx, kubeProxyRestarts, nil)
 	figuref(t, "kube-proxy restarts (nftables dataplane): %d restarts (each %v); %s", kubeProxyRestarts, took, counts)
 	if counts.apiserver > 0 || counts.failed > 0 || counts.agent < 100 {
 		t.Errorf("nftables dataplane across kube-proxy restarts: %s (first failure: %v); want every probe at the agent", counts, counts.firstFailure)
@@ -231,20 +252,34 @@ func (s *dsScenario) kubeProxyRestarts(t *testing.T, ctx context.Context) {
 // then switches back to the shipped default.
 func (s *dsScenario) iptablesTie(t *testing.T, ctx context.Context) {
 	s.setAgentArgs(t, ctx, "--dataplane=iptables")
-	intercepting := waitForCond(time.Minute, func() bool {
+	if !waitForCond(time.Minute, func() bool {
 		code, _, _ := agentEndpoint(ctx, s.c, "/intercepting")
 		return code == http.StatusOK
-	})
+	}) {
+		_, body, _ := agentEndpoint(ctx, s.c, "/intercepting")
+		t.Fatalf("the iptables dataplane never intercepted before the restarts: %q", body)
+	}
 	_, before, _ := agentEndpoint(ctx, s.c, "/intercepting")
-	counts, _ := s.restartKubeProxyProbing(t, ctx, kubeProxyRestarts)
+	// The redirect is live while the VIP is in the liveness ipset.
+	live := func() bool {
+		_, err := s.c.Node.Output(ctx, "ipset", "test", sandbox.AgentLivenessSet, sandbox.ServiceVIP)
+		return err == nil
+	}
+	counts, _ := s.restartKubeProxyProbing(t, ctx, kubeProxyRestarts, live)
 	_, after, _ := agentEndpoint(ctx, s.c, "/intercepting")
-	figuref(t, "kube-proxy restarts (iptables dataplane, tied at dstnat): intercepting at the start %v (%q); %s; /intercepting after: %q",
-		intercepting, before, counts, after)
+	tied := 0
+	for _, n := range counts.perRestart {
+		if n > 0 {
+			tied++
+		}
+	}
+	figuref(t, "kube-proxy restarts (iptables dataplane, tied at dstnat): intercepting at the start (%q); %s; restarts after which a probe bypassed the live redirect: %d of %d (bypassing probes per restart %v); /intercepting after: %q",
+		before, counts, tied, kubeProxyRestarts, counts.perRestart, after)
 	// The tie: kube-proxy's re-registered chains run ahead of
 	// iptables-nft's at the same priority, so connections bypass the
-	// agent until its self-check notices and steps aside.
-	if counts.apiserver == 0 {
-		t.Errorf("no probe bypassed the iptables dataplane across %d kube-proxy restarts (%s): the tie did not show", kubeProxyRestarts, counts)
+	// agent's live redirect until its self-check notices and steps aside.
+	if counts.live == 0 {
+		t.Errorf("no probe bypassed the live iptables redirect across %d kube-proxy restarts (%s): the tie did not show", kubeProxyRestarts, counts)
 	}
 	if counts.failed > 0 {
 		t.Errorf("probes failed: %s (first failure: %v)", counts, counts.firstFailure)
