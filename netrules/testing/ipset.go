@@ -217,6 +217,20 @@ func (f *IPSet) Contains(name string, ip netip.Addr) bool {
 	return f.containsLocked(name, ip)
 }
 
+// ContainsAddrPort reports whether the hash:ip,port set holds ap (TCP) now,
+// as a "dst,dst" match asks.
+func (f *IPSet) ContainsAddrPort(name string, ap netip.AddrPort) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s, ok := f.sets[name]
+	if !ok || s.typ != "hash:ip,port" {
+		return false
+	}
+	f.prune(s)
+	_, ok = s.entries[netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())]
+	return ok
+}
+
 func (f *IPSet) containsLocked(name string, ip netip.Addr) bool {
 	s, ok := f.sets[name]
 	if !ok {

@@ -158,6 +158,13 @@ func (f *IPTables) matches(args []string, p Packet) (bool, error) {
 				addr = p.Dst.Addr()
 			case "src":
 				addr = p.Src
+			case "dst,dst":
+				// A hash:ip,port set matched on destination address
+				// and port (kube-proxy's IPVS mode: KUBE-CLUSTER-IP).
+				if (f.sets != nil && f.sets.ContainsAddrPort(name, p.Dst)) != want {
+					return false, nil
+				}
+				continue
 			default:
 				return false, fmt.Errorf("unmodelled set direction %q", dir)
 			}
