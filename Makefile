@@ -78,7 +78,7 @@ node-binaries:
 # and `make image`.
 e2e-real-node: deps node-deps node-binaries control-plane e2e-images image
 	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_BIN_DIR=$(BIN_DIR) KUBE_APICACHE_IMAGES_DIR=$(IMAGES_DIR) \
-	  $(GO) test -count=1 -timeout 20m -run '^TestRealNode(DaemonSet)?$$' -v ./e2e/
+	  $(GO) test -count=1 -timeout 60m -run '^TestRealNode(DaemonSet|NFTables)?$$' -v ./e2e/
 
 # The main module, and hack/image, a module of its own (go-containerregistry
 # stays out of the agent's dependency graph), whose unit tests run here too.

@@ -356,18 +356,10 @@ func TestStartKillCycles(t *testing.T) {
 	dumpOnFailure(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	startKillCycles(t, ctx, c, "iptables dataplane", func(i int) {
-		if s := readNodeState(t, ctx, c); s.Chains > 1 || s.Jumps > 2 || s.ChainRules > 4 || s.Sets > 1 || s.Entries > 1 || s.Addresses > 1 {
-			t.Fatalf("cycle %d: duplicated state: %+v", i, s)
-		}
-	})
+	startKillCycles(t, ctx, c, "iptables dataplane", func(i int) { checkCycleIPTables(t, ctx, c, i) })
 
 	a := startAgent(t, ctx, c)
-	want := nodeState{Chains: 1, ChainRules: 4, Jumps: 2, Sets: 1, Entries: 1, Addresses: 1, JumpFirst: true, ReturnFirst: true}
-	if got := readNodeState(t, ctx, c); got != want {
-		nat, addrs, _ := c.NodeNetState(ctx)
-		t.Fatalf("node state after the cycles = %+v, want %+v\n%s\n%s", got, want, nat, addrs)
-	}
+	want := checkFinalIPTables(t, ctx, c)
 	client := newClientPod(t, ctx, c, "e2e-cycles", "client")
 	before := forwarded(t, ctx, a)
 	quick, cancelQuick := context.WithTimeout(ctx, 20*time.Second)
@@ -414,6 +406,28 @@ func startKillCycles(t *testing.T, ctx context.Context, c *sandbox.Cluster, what
 		check(i)
 	}
 	figuref(t, "%s: %d start/kill cycles (%d killed while serving) in %s", what, cycles, readyKills, time.Since(start).Round(time.Second))
+}
+
+// checkCycleIPTables fails the test if the iptables dataplane's state was
+// duplicated by cycle i: more than one chain with its four rules, jump per
+// hook, set, entry or address.
+func checkCycleIPTables(t *testing.T, ctx context.Context, c *sandbox.Cluster, i int) {
+	t.Helper()
+	if s := readNodeState(t, ctx, c); s.Chains > 1 || s.Jumps > 2 || s.ChainRules > 4 || s.Sets > 1 || s.Entries > 1 || s.Addresses > 1 {
+		t.Fatalf("cycle %d: duplicated state: %+v", i, s)
+	}
+}
+
+// checkFinalIPTables fails the test unless the node holds exactly one
+// running agent's iptables dataplane, and returns that state.
+func checkFinalIPTables(t *testing.T, ctx context.Context, c *sandbox.Cluster) nodeState {
+	t.Helper()
+	want := nodeState{Chains: 1, ChainRules: 4, Jumps: 2, Sets: 1, Entries: 1, Addresses: 1, JumpFirst: true, ReturnFirst: true}
+	if got := readNodeState(t, ctx, c); got != want {
+		nat, addrs, _ := c.NodeNetState(ctx)
+		t.Fatalf("node state after the cycles = %+v, want %+v\n%s\n%s", got, want, nat, addrs)
+	}
+	return want
 }
 
 // activeUpstream returns the endpoint the agent sends requests to, from its

@@ -141,30 +141,10 @@ func TestNFTablesStartKillCycles(t *testing.T) {
 	dumpOnFailure(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	startKillCycles(t, ctx, c, "nftables dataplane", func(i int) {
-		if s := readNFTState(t, ctx, c); s.Tables > 1 || s.Chains > 3 || s.Rules > 6 || s.Sets > 3 || len(s.Live) > 1 {
-			t.Fatalf("cycle %d: duplicated state: %+v", i, s)
-		}
-	}, nftDataplane)
+	startKillCycles(t, ctx, c, "nftables dataplane", func(i int) { checkCycleNFT(t, ctx, c, i) }, nftDataplane)
 
 	a := startAgent(t, ctx, c, nftDataplane)
-	got := readNFTState(t, ctx, c)
-	want := nftState{Tables: 1, BaseChains: 2, Chains: 3, Rules: 6, Priorities: []int{-101, -101}, Sets: 3, Live: []string{sandbox.ServiceVIP}}
-	if got.Tables != want.Tables || got.BaseChains != want.BaseChains || got.Chains != want.Chains || got.Rules != want.Rules ||
-		!slices.Equal(got.Priorities, want.Priorities) || got.Sets != want.Sets || !slices.Equal(got.Live, want.Live) {
-		ruleset, _ := c.Node.Output(ctx, "nft", "list", "ruleset")
-		t.Fatalf("nftables state after the cycles = %+v, want %+v\n%s", got, want, ruleset)
-	}
-	nat, addrs, err := c.NodeNetState(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(nat, sandbox.AgentChain) {
-		t.Errorf("the iptables dataplane's chain is on the node next to the table:\n%s", nat)
-	}
-	if n := strings.Count(addrs, " "+sandbox.AgentListenIP+"/"); n != 1 {
-		t.Errorf("%d listen addresses, want 1:\n%s", n, addrs)
-	}
+	got := checkFinalNFT(t, ctx, c)
 	client := newClientPod(t, ctx, c, "e2e-nft-cycles", "client")
 	before := forwarded(t, ctx, a)
 	quick, cancelQuick := context.WithTimeout(ctx, 20*time.Second)
@@ -225,4 +205,39 @@ func TestDataplaneSwitch(t *testing.T) {
 	}
 	back.Process.Stop(40 * time.Second)
 	assertNoAgentState(t, ctx, c)
+}
+
+// checkCycleNFT fails the test if the nftables dataplane's state was
+// duplicated by cycle i.
+func checkCycleNFT(t *testing.T, ctx context.Context, c *sandbox.Cluster, i int) {
+	t.Helper()
+	if s := readNFTState(t, ctx, c); s.Tables > 1 || s.Chains > 3 || s.Rules > 6 || s.Sets > 3 || len(s.Live) > 1 {
+		t.Fatalf("cycle %d: duplicated state: %+v", i, s)
+	}
+}
+
+// checkFinalNFT fails the test unless the node holds exactly one running
+// agent's nftables dataplane: one table with its two base chains at
+// dstnat-1, the redirect chain's rules, three sets with the VIP alive, one
+// listen address, and nothing of the iptables dataplane.
+func checkFinalNFT(t *testing.T, ctx context.Context, c *sandbox.Cluster) nftState {
+	t.Helper()
+	got := readNFTState(t, ctx, c)
+	want := nftState{Tables: 1, BaseChains: 2, Chains: 3, Rules: 6, Priorities: []int{-101, -101}, Sets: 3, Live: []string{sandbox.ServiceVIP}}
+	if got.Tables != want.Tables || got.BaseChains != want.BaseChains || got.Chains != want.Chains || got.Rules != want.Rules ||
+		!slices.Equal(got.Priorities, want.Priorities) || got.Sets != want.Sets || !slices.Equal(got.Live, want.Live) {
+		ruleset, _ := c.Node.Output(ctx, "nft", "list", "ruleset")
+		t.Fatalf("nftables state after the cycles = %+v, want %+v\n%s", got, want, ruleset)
+	}
+	nat, addrs, err := c.NodeNetState(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(nat, sandbox.AgentChain) {
+		t.Errorf("the iptables dataplane's chain is on the node next to the table:\n%s", nat)
+	}
+	if n := strings.Count(addrs, " "+sandbox.AgentListenIP+"/"); n != 1 {
+		t.Errorf("%d listen addresses, want 1:\n%s", n, addrs)
+	}
+	return got
 }

@@ -74,9 +74,16 @@ const (
 //     restored, it intercepts again.
 //  6. When the manifests are deleted, then the node holds nothing of the
 //     agent's and pods reach kube-apiserver through kube-proxy.
+//
+// Between them: kube-proxy restarted 20 times never takes a TLS probe from
+// the node past the agent (kube-proxy keeps an existing jump where it is);
+// a hung agent (its container frozen, as SIGSTOP) fails open and intercepts
+// again once thawed; and after the uninstall, 100 agents started and
+// SIGKILLed in the node's network namespace, next to this kube-proxy,
+// leave nothing duplicated (cycles).
 func TestRealNodeDaemonSet(t *testing.T) {
 	images := requireRealNode(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	testStart := time.Now()
 	hostBefore := snapshotHost(t)
@@ -96,10 +103,13 @@ func TestRealNodeDaemonSet(t *testing.T) {
 	}{
 		{"install", s.install},
 		{"reads", s.reads},
+		{"kube-proxy-restarts", s.kubeProxyRestarts},
 		{"rollout", s.rollout},
+		{"hang", s.hang},
 		{"kill", s.kill},
 		{"oom", s.oom},
 		{"uninstall", s.uninstall},
+		{"cycles", s.cycles},
 	}
 	for _, step := range steps {
 		stepStart := time.Now()

@@ -23,6 +23,11 @@ import (
 // rights the manifests grant.
 var rbacManifests = []string{"rbac.yaml", "approver.yaml"}
 
+// ApplyRBAC (re)creates the agent's RBAC from manifests/, as the sandbox
+// does at start; a scenario that deleted the manifests calls it before it
+// runs agents of its own.
+func (c *Cluster) ApplyRBAC(ctx context.Context) error { return c.applyRBAC(ctx) }
+
 // applyRBAC creates (or replaces) the RBAC objects in the project's
 // manifests. Objects of other kinds in those files are ignored.
 func (c *Cluster) applyRBAC(ctx context.Context) error {

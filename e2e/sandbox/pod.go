@@ -53,8 +53,18 @@ func (c *Cluster) NewPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	if spec.ServiceAccount == "" {
 		spec.ServiceAccount = "default"
 	}
+	realNode := c.opts.RealNode
+	if realNode && !spec.HostNetwork {
+		return nil, fmt.Errorf("pod %s/%s: on the real node only host-network sandbox pods exist; the kubelet runs the others", spec.Namespace, spec.Name)
+	}
 	if err := c.EnsureNamespace(ctx, spec.Namespace); err != nil {
 		return nil, err
+	}
+	image, pull := "sandbox.invalid/process:latest", corev1.PullPolicy("")
+	if realNode {
+		// The kubelet runs the Pod: a pause container in the node's
+		// network, beside the processes the test starts there itself.
+		image, pull = PauseImage, corev1.PullNever
 	}
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: spec.ServiceAccount, Namespace: spec.Namespace}}
 	if _, err := c.Admin.CoreV1().ServiceAccounts(spec.Namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -67,7 +77,7 @@ func (c *Cluster) NewPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 			ServiceAccountName:           spec.ServiceAccount,
 			HostNetwork:                  spec.HostNetwork,
 			AutomountServiceAccountToken: ptr.To(false),
-			Containers:                   []corev1.Container{{Name: "main", Image: "sandbox.invalid/process:latest"}},
+			Containers:                   []corev1.Container{{Name: "main", Image: image, ImagePullPolicy: pull}},
 		},
 	}
 	obj, err := c.Admin.CoreV1().Pods(spec.Namespace).Create(ctx, obj, metav1.CreateOptions{})
@@ -89,6 +99,9 @@ func (c *Cluster) NewPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 		p.NetNS, p.IP = c.Node, nodeCPAddr
 	} else if err := c.attachPod(ctx, p); err != nil {
 		return nil, err
+	}
+	if realNode {
+		return p, nil // the kubelet reports its status
 	}
 	obj.Status.Phase = corev1.PodRunning
 	obj.Status.PodIP = p.IP
