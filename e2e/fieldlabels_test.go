@@ -318,13 +318,14 @@ func TestFieldSelectorsThroughAgent(t *testing.T) {
 			outcome := cacheOutcome(before, readCacheMetrics(t, ctx, agent))
 			want := direct.do(t, ctx, http.MethodGet, p, acceptJSON, uaDirect, nil)
 			compared++
-			if gotNames, wantNames := answerOf(got), answerOf(want); gotNames != wantNames {
+			if gotAnswer, wantAnswer := answerOf(got), answerOf(want); !gotAnswer.equal(wantAnswer) {
 				// The objects may have changed between the two reads:
 				// ask both again before calling it a difference.
 				got = viaAgent.do(t, ctx, http.MethodGet, p, acceptJSON, uaOther, nil)
 				want = direct.do(t, ctx, http.MethodGet, p, acceptJSON, uaDirect, nil)
-				if gotNames, wantNames = answerOf(got), answerOf(want); gotNames != wantNames {
-					t.Errorf("%s %s: through the agent %s, directly %s", r.gvr.Resource, selector, gotNames, wantNames)
+				if gotAnswer, wantAnswer = answerOf(got), answerOf(want); !gotAnswer.equal(wantAnswer) {
+					t.Errorf("%s %s: through the agent %s, directly %s%s", r.gvr.Resource, selector,
+						gotAnswer.summary, wantAnswer.summary, gotAnswer.firstDifference(wantAnswer))
 				}
 			}
 			switch {
@@ -391,27 +392,59 @@ func jsonValue(obj map[string]any, path string) (string, bool) {
 	return "", false
 }
 
-// answerOf is a list answer in short: its status code, and the sorted
-// namespace/name of its items, or the Status message.
-func answerOf(r rawResponse) string {
+// listAnswer is a list answer: summary is its status code and the sorted
+// namespace/name of its items, or the Status message; items are the
+// items as canonical JSON (keys sorted), in the same order.
+type listAnswer struct {
+	summary string
+	items   []string
+}
+
+func (a listAnswer) equal(b listAnswer) bool {
+	return a.summary == b.summary && slices.Equal(a.items, b.items)
+}
+
+// firstDifference describes the first item a and b disagree on, if any.
+func (a listAnswer) firstDifference(b listAnswer) string {
+	for i := range min(len(a.items), len(b.items)) {
+		if a.items[i] != b.items[i] {
+			return fmt.Sprintf("; first differing item, through the agent:\n%s\ndirectly:\n%s", a.items[i], b.items[i])
+		}
+	}
+	return ""
+}
+
+// answerOf reads a list answer: the whole items, not only their names, so
+// that an object answered from the cache must equal kube-apiserver's.
+func answerOf(r rawResponse) listAnswer {
 	var body struct {
-		Message string `json:"message"`
-		Items   []struct {
-			Metadata metav1.ObjectMeta `json:"metadata"`
-		} `json:"items"`
+		Message string           `json:"message"`
+		Items   []map[string]any `json:"items"`
 	}
 	if err := json.Unmarshal(r.body, &body); err != nil {
-		return fmt.Sprintf("%d undecodable %q", r.code, r.body)
+		return listAnswer{summary: fmt.Sprintf("%d undecodable %q", r.code, r.body)}
 	}
 	if r.code != http.StatusOK {
-		return fmt.Sprintf("%d %q", r.code, body.Message)
+		return listAnswer{summary: fmt.Sprintf("%d %q", r.code, body.Message)}
 	}
+	key := func(it map[string]any) string {
+		ns, _ := jsonValue(it, "metadata.namespace")
+		name, _ := jsonValue(it, "metadata.name")
+		return ns + "/" + name
+	}
+	sort.Slice(body.Items, func(i, j int) bool { return key(body.Items[i]) < key(body.Items[j]) })
+	a := listAnswer{}
 	names := make([]string, 0, len(body.Items))
 	for _, it := range body.Items {
-		names = append(names, it.Metadata.Namespace+"/"+it.Metadata.Name)
+		names = append(names, key(it))
+		b, err := json.Marshal(it) // encoding/json sorts map keys
+		if err != nil {
+			return listAnswer{summary: fmt.Sprintf("200 unencodable item %s: %v", key(it), err)}
+		}
+		a.items = append(a.items, string(b))
 	}
-	sort.Strings(names)
-	return fmt.Sprintf("200 %v", names)
+	a.summary = fmt.Sprintf("200 %v", names)
+	return a
 }
 
 // createFieldLabelObjects creates objects whose fields take several values:

@@ -405,6 +405,11 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 			"--service-account-signing-key-file", c.path("sa.key"),
 			"--service-cluster-ip-range", ServiceCIDR,
 			"--authorization-mode", "Node,RBAC",
+			// Beta resources off by default that the cache has field
+			// label tables for: served here, so that the tables are
+			// checked against kube-apiserver like the others.
+			"--feature-gates", "ClusterTrustBundle=true,PodCertificateRequest=true",
+			"--runtime-config", "certificates.k8s.io/v1beta1/clustertrustbundles=true,certificates.k8s.io/v1beta1/podcertificaterequests=true",
 			"--allow-privileged",
 			"--audit-policy-file", c.path("audit-policy.yaml"),
 			"--audit-log-path", c.AuditLog,
