@@ -69,10 +69,11 @@ type Agent struct {
 	warmedUp       atomic.Bool
 	pinnedUnsynced func() []string
 	// disabled holds the kill switch's reason while interception is
-	// turned off; serviceMismatch how the configured Service VIPs or port
-	// differ from the kubernetes Service, while they do (switches.go).
-	disabled        atomic.Pointer[string]
-	serviceMismatch atomic.Pointer[string]
+	// turned off; service what the agent knows of the kubernetes Service,
+	// against which it checks the configured VIPs and port (nil: not read
+	// yet) (switches.go).
+	disabled atomic.Pointer[string]
+	service  atomic.Pointer[serviceCheck]
 	// drain is cancelled when shutdown starts, which ends open watches so
 	// their clients reconnect, now past the removed redirect.
 	drain      context.Context
@@ -231,7 +232,10 @@ func (a *Agent) Intercepting() error {
 // "intercepting": one node where the agent rightly steps aside would
 // otherwise stop a DaemonSet rollout across every healthy node. Whether it
 // intercepts is reported apart (Intercepting, /intercepting, the
-// kube_apicache_intercepting metric).
+// kube_apicache_intercepting metric). A configuration the agent cannot
+// stand behind is not a decision, though: until the kubernetes Service has
+// been read and holds the configured VIPs and port (serviceErr), the agent
+// is not ready, so that a wrong VIP stops a rollout at its first wave.
 func (a *Agent) Ready() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -241,7 +245,7 @@ func (a *Agent) Ready() error {
 	case !a.decided:
 		return fmt.Errorf("starting: %w", a.notIntercepting)
 	}
-	if err := a.serviceConfigErr(); err != nil {
+	if err := a.serviceErr(); err != nil {
 		return err
 	}
 	return a.syncLoopStuck()

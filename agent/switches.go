@@ -79,7 +79,7 @@ func (a *Agent) watchInterceptionConfigMap(ctx context.Context) {
 		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
 			return f.Core().V1().ConfigMaps().Informer()
 		},
-		func(obj any) {
+		objectHandlers{changed: func(obj any) {
 			cm, ok := obj.(*corev1.ConfigMap)
 			if !ok {
 				return
@@ -96,19 +96,35 @@ func (a *Agent) watchInterceptionConfigMap(ctx context.Context) {
 			lastErr = ""
 			enabled := c.Interception.Enabled == nil || *c.Interception.Enabled
 			a.SetInterception(enabled, fmt.Sprintf("interception.enabled: %t in ConfigMap %s", enabled, a.cfg.InterceptionConfigMap))
-		})
+		}})
+}
+
+// objectHandlers are what watchObject tells of the object it follows.
+type objectHandlers struct {
+	// changed gets the object when it is added or changes.
+	changed func(obj any)
+	// failed, if set, gets every error of the list or watch, which the
+	// informer retries with backoff (and logs, as it always does).
+	failed func(err error)
+	// synced, if set, is called once the first list has been handled
+	// (changed has had the object, if there is one), with whether the
+	// object exists.
+	synced func(found bool)
 }
 
 // watchObject follows one object, namespace/name, with the agent's own
 // client until ctx ends (one watch, by name, served from kube-apiserver's
-// watch cache), and calls handle with it when it is added or changes.
-// informer picks the object's informer from the factory; what names it in
-// the log.
+// watch cache), and tells h of it. informer picks the object's informer
+// from the factory; what names it in the log.
 func (a *Agent) watchObject(ctx context.Context, namespace, name, what string,
-	informer func(informers.SharedInformerFactory) cache.SharedIndexInformer, handle func(obj any)) {
+	informer func(informers.SharedInformerFactory) cache.SharedIndexInformer, h objectHandlers) {
+	logger := klog.FromContext(ctx)
 	client, err := kubernetes.NewForConfig(a.restConfig())
 	if err != nil {
-		klog.FromContext(ctx).Error(err, "Cannot watch "+what)
+		logger.Error(err, "Cannot watch "+what)
+		if h.failed != nil {
+			h.failed(err)
+		}
 		return
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 30*time.Minute,
@@ -116,13 +132,32 @@ func (a *Agent) watchObject(ctx context.Context, namespace, name, what string,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
 		}))
-	_, _ = informer(factory).AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    handle,
-		UpdateFunc: func(_, obj any) { handle(obj) },
+	inf := informer(factory)
+	if h.failed != nil {
+		if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+			h.failed(err)
+		}); err != nil {
+			logger.Error(err, "Cannot follow the errors of the watch of "+what)
+		}
+	}
+	reg, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    h.changed,
+		UpdateFunc: func(_, obj any) { h.changed(obj) },
 	})
+	if err != nil {
+		logger.Error(err, "Cannot watch "+what)
+		if h.failed != nil {
+			h.failed(err)
+		}
+		return
+	}
 	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if h.synced != nil && cache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+		h.synced(len(inf.GetStore().List()) > 0)
+	}
 	<-ctx.Done()
-	factory.Shutdown()
 }
 
 // switchCollector exports the kill switch and the Service check as gauges,
@@ -145,7 +180,7 @@ func (a *Agent) serviceMismatchCollector() prometheus.Collector {
 		Name: "kube_apicache_service_mismatch",
 		Help: "1 while the configured Service VIPs or port are not the kubernetes Service's (the agent is then not ready and does not intercept), else 0.",
 	}, func() float64 {
-		if a.serviceMismatch.Load() != nil {
+		if s := a.service.Load(); s != nil && s.mismatch != "" {
 			return 1
 		}
 		return 0
@@ -153,43 +188,90 @@ func (a *Agent) serviceMismatchCollector() prometheus.Collector {
 }
 
 // switchedOff returns why the agent must stand aside whatever its health:
-// the kill switch, or Service VIPs that are not the kubernetes Service's.
+// the kill switch, or Service VIPs that are not known to be the kubernetes
+// Service's.
 func (a *Agent) switchedOff() error {
 	if r := a.disabled.Load(); r != nil {
 		return stepAside{"interception turned off (" + *r + ")"}
 	}
-	if p := a.serviceMismatch.Load(); p != nil {
-		return stepAside{*p}
+	if err := a.serviceErr(); err != nil {
+		return stepAside{err.Error()}
 	}
 	return nil
 }
 
-// serviceConfigErr returns the mismatch between the configured Service VIPs
-// and port and the kubernetes Service, which keeps the agent not ready: a
-// wrong VIP must stop a rollout rather than leave every node "ready" and
-// intercepting nothing (or, worse, another Service's address).
-func (a *Agent) serviceConfigErr() error {
-	if p := a.serviceMismatch.Load(); p != nil {
-		return errors.New(*p)
+// serviceCheck is what the agent knows of the kubernetes Service, against
+// which it checks the configured Service VIPs and port. The zero value (and
+// a nil *serviceCheck) is "not read yet".
+type serviceCheck struct {
+	// read is set once the Service has been read; mismatch is then how the
+	// configuration differs from it, "" while it matches.
+	read     bool
+	mismatch string
+	// unread is, until the first read, why there has been none (a list or
+	// watch that failed, no such Service); "" while it is under way.
+	unread string
+}
+
+// serviceErr returns nil once the kubernetes Service has been read and the
+// configured VIPs and port are among its own, else why not. Either way
+// the agent does not intercept (a wrong VIP might be another Service's
+// address) and is not ready: a wrong or unverifiable configuration must
+// stop a rollout rather than leave every node "ready" and intercepting
+// nothing. Once read, the Service is checked against its last known state
+// (the informer's): a watch that fails later changes nothing.
+func (a *Agent) serviceErr() error {
+	s := a.service.Load()
+	switch {
+	case s != nil && s.read && s.mismatch == "":
+		return nil
+	case s != nil && s.read:
+		return errors.New(s.mismatch)
 	}
-	return nil
+	what := fmt.Sprintf("the Service VIPs %s and port %d are not verified against Service %s/%s",
+		joinAddrs(a.cfg.ServiceVIPs), a.cfg.ServicePort, kubernetesNamespace, kubernetesService)
+	if s != nil && s.unread != "" {
+		return fmt.Errorf("%s: %s", what, s.unread)
+	}
+	return fmt.Errorf("%s yet: waiting for its first read", what)
+}
+
+// joinAddrs lists addrs for messages.
+func joinAddrs(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
 }
 
 // watchService follows the default/kubernetes Service with the agent's
 // own client until ctx ends, and checks the configured VIPs and port
-// against it on every change. One watch of one object per node; it never
-// blocks start-up: until the Service has been read (or if it cannot be),
-// the configuration is trusted.
+// against it on every change. One watch of one object per node. It does
+// not block start-up, but until the Service has been read and matches,
+// the agent does not intercept; while it cannot be read (RBAC, an
+// apiserver that fails the list), the reason is reported and the informer
+// retries with backoff.
 func (a *Agent) watchService(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	a.watchObject(ctx, kubernetesNamespace, kubernetesService, "the kubernetes Service; the Service VIPs are not verified",
 		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
 			return f.Core().V1().Services().Informer()
 		},
-		func(obj any) {
-			if svc, ok := obj.(*corev1.Service); ok {
-				a.checkService(logger, svc)
-			}
+		objectHandlers{
+			changed: func(obj any) {
+				if svc, ok := obj.(*corev1.Service); ok {
+					a.checkService(logger, svc)
+				}
+			},
+			failed: func(err error) {
+				a.serviceNotRead(logger, "cannot read it (retrying): "+err.Error())
+			},
+			synced: func(found bool) {
+				if !found {
+					a.serviceNotRead(logger, "it does not exist (watching for it)")
+				}
+			},
 		})
 }
 
@@ -197,19 +279,32 @@ func (a *Agent) watchService(ctx context.Context) {
 // outcome; a change is logged and a sync requested.
 func (a *Agent) checkService(logger klog.Logger, svc *corev1.Service) {
 	msg := serviceMismatch(a.cfg.ServiceVIPs, a.cfg.ServicePort, svc)
-	var next *string
-	if msg != "" {
-		next = &msg
-	}
-	prev := a.serviceMismatch.Swap(next)
+	prev := a.service.Swap(&serviceCheck{read: true, mismatch: msg})
 	switch {
-	case prev == nil && next == nil:
+	case prev != nil && prev.read && prev.mismatch == msg:
 		return
-	case next == nil:
+	case msg == "":
 		logger.Info("The Service VIPs match the kubernetes Service", "vips", a.cfg.ServiceVIPs, "port", a.cfg.ServicePort)
-	case prev == nil || *prev != msg:
+	default:
 		logger.Error(nil, "Not intercepting and not ready: the configuration does not match the kubernetes Service", "reason", msg)
 	}
+	a.requestSync()
+}
+
+// serviceNotRead records why the kubernetes Service could not be read, as
+// long as it never has been; a change is logged and a sync requested.
+func (a *Agent) serviceNotRead(logger klog.Logger, why string) {
+	for {
+		prev := a.service.Load()
+		if prev != nil && (prev.read || prev.unread == why) {
+			return
+		}
+		if a.service.CompareAndSwap(prev, &serviceCheck{unread: why}) {
+			break
+		}
+	}
+	logger.Error(nil, "Not intercepting and not ready: the configured Service VIPs cannot be checked against the kubernetes Service",
+		"service", kubernetesNamespace+"/"+kubernetesService, "reason", why)
 	a.requestSync()
 }
 

@@ -54,10 +54,13 @@ func newSyncTestAgentWith(t *testing.T, k *fakeKernel, ep *testEndpoint, edit fu
 }
 
 // wireTestAgent completes a test agent: cfg, its dataplanes over the fake
-// kernel k, and ep as its one upstream, already health-checked.
+// kernel k, and ep as its one upstream, already health-checked, with the
+// kubernetes Service read and matching the configuration
+// (TestServiceCheck covers the other cases).
 func wireTestAgent(t *testing.T, a *Agent, cfg *Config, k *fakeKernel, ep *testEndpoint) {
 	t.Helper()
 	a.cfg = cfg
+	a.service.Store(&serviceCheck{read: true})
 	if err := a.buildDataplanes(k.kernel()); err != nil {
 		t.Fatal(err)
 	}
