@@ -38,7 +38,9 @@ func (c *configFile) addFlags(fs *pflag.FlagSet) {
 }
 
 // apply loads the file, if any, into the flags of fs that the command line
-// did not set. The returned Applied names the fields behind those flags.
+// did not set, and logs a warning for each field the command line
+// overrides (an operator who edits it would otherwise see no effect). The
+// returned Applied names the fields behind the flags the file set.
 func (c *configFile) apply(fs *pflag.FlagSet) (configv1alpha1.Applied, error) {
 	c.cliInterception = fs.Changed("interception")
 	if c.path == "" {
@@ -55,9 +57,14 @@ func (c *configFile) apply(fs *pflag.FlagSet) (configv1alpha1.Applied, error) {
 			f.Changed = true
 		}
 	}
-	applied, err := configv1alpha1.ApplyToFlags(cfg, fs, c.sections...)
+	applied, overrides, err := configv1alpha1.ApplyToFlags(cfg, fs, c.sections...)
 	if err != nil {
 		return nil, fmt.Errorf("--config %s: %w", c.path, err)
+	}
+	logger := klog.Background()
+	for _, o := range overrides {
+		logger.Info("Warning: a command-line flag overrides the configuration file; edits of the field have no effect",
+			"flag", "--"+o.Flag, "field", o.Field.String(), "flagValue", o.FlagValue, "fileValue", o.FileValue, "config", c.path)
 	}
 	return applied, nil
 }

@@ -3,7 +3,17 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
+
+	"github.com/spf13/pflag"
+	"k8s.io/klog/v2"
+	"k8s.io/klog/v2/ktesting"
+
+	"github.com/kube-apicache/kube-apicache/agent"
+	configv1alpha1 "github.com/kube-apicache/kube-apicache/agent/apis/config/v1alpha1"
+	"github.com/kube-apicache/kube-apicache/agent/audit"
 )
 
 // writeTestConfig writes an AgentConfiguration with body and returns its
@@ -35,6 +45,44 @@ func TestConfigDeprecatedNameWins(t *testing.T) {
 			t.Errorf("%s and a file with 5s: fail-open timeout %s, want the command line's 3s", arg, got)
 		}
 	}
+}
+
+// Given a file that sets the shutdown grace period and the sync period,
+// when the command line sets the first too, then the command line wins
+// and a warning names the flag, the field and both values; the field the
+// command line left alone is not reported.
+func TestConfigOverrideWarned(t *testing.T) {
+	path := writeTestConfig(t, "interception:\n  shutdownGracePeriod: 20s\n  syncPeriod: 5s\n")
+	logger, buf := ktestingLogger(t)
+	klog.SetLogger(logger)
+	defer klog.ClearLogger()
+	fs := newCommand().Flags()
+	if err := fs.Parse([]string{"--shutdown-grace-period=30s"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&configFile{path: path}).apply(fs); err != nil {
+		t.Fatal(err)
+	}
+	if got := fs.Lookup("shutdown-grace-period").Value.String(); got != "30s" {
+		t.Errorf("shutdown grace period %s, want the command line's 30s", got)
+	}
+	logged := buf.String()
+	for _, want := range []string{"a command-line flag overrides the configuration file", `flag="--shutdown-grace-period"`,
+		`field="interception.shutdownGracePeriod"`, `flagValue="30s"`, `fileValue="20s"`} {
+		if !strings.Contains(logged, want) {
+			t.Errorf("log lacks %s:\n%s", want, logged)
+		}
+	}
+	if strings.Contains(logged, "sync-period") || strings.Count(logged, "overrides the configuration file") != 1 {
+		t.Errorf("want one warning, for --shutdown-grace-period only:\n%s", logged)
+	}
+}
+
+// ktestingLogger returns a logger that keeps what it logs, and that text.
+func ktestingLogger(t *testing.T) (klog.Logger, interface{ String() string }) {
+	t.Helper()
+	logger := ktesting.NewLogger(t, ktesting.NewConfig(ktesting.BufferLogs(true)))
+	return logger, logger.GetSink().(ktesting.Underlier).GetBuffer()
 }
 
 // Given a file with agent settings whose flags the approver and cleanup
@@ -81,5 +129,27 @@ func TestClusterDomainFromResolvConf(t *testing.T) {
 				t.Errorf("clusterDomainFromResolvConf = %q, %v; want %q", got, ok, tc.want)
 			}
 		})
+	}
+}
+
+// Every flag of the agent has a configuration field except those --help
+// says are on the command line only: --node-name, --config, --version and
+// the request limit, audit and logging flags.
+func TestFlagsWithoutField(t *testing.T) {
+	commandLineOnly := map[string]bool{"node-name": true, "config": true, "version": true}
+	extra := pflag.NewFlagSet("extra", pflag.ContinueOnError)
+	limits := agent.DefaultLimits()
+	limits.AddFlags(extra)
+	audit.NewOptions().AddFlags(extra)
+	extra.VisitAll(func(f *pflag.Flag) { commandLineOnly[f.Name] = true })
+	fields := configv1alpha1.Fields()
+	cmd := newCommand()
+	cmd.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Deprecated == "" && !slices.Contains(fields, f.Name) && !commandLineOnly[f.Name] {
+			t.Errorf("--%s has no configuration field, and --help does not say so", f.Name)
+		}
+	})
+	if !strings.Contains(cmd.Long, "all but --node-name and the request limit, audit and\nlogging flags") {
+		t.Errorf("--help no longer names the flags without a field; update this test with it:\n%s", cmd.Long)
 	}
 }

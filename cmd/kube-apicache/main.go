@@ -73,8 +73,11 @@ every other request to kube-apiserver with the caller's own credentials. When
 it is unhealthy, stopped or removed, the kernel hands the VIP back to
 kube-proxy within --fail-open-timeout.
 
-Flags may also be set in one configuration file (--config, kind
-AgentConfiguration); a flag on the command line wins over the file.`,
+Most flags may also be set in one configuration file (--config, kind
+AgentConfiguration): all but --node-name and the request limit, audit and
+logging flags, which exist on the command line only. A flag on the command
+line wins over the file, with a warning in the log for each field it
+overrides.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -98,7 +101,7 @@ AgentConfiguration); a flag on the command line wins over the file.`,
 	c := &o.cfg
 	fs := nfs.FlagSet("node and cluster")
 	fs.StringVar(&c.NodeName, "node-name", "", "Name of this node. Default: $NODE_NAME.")
-	fs.StringSliceVar(&o.serviceVIPs, "service-vip", nil, "Cluster IP(s) of the default/kubernetes Service, the destinations redirected to the agent. Default: $KUBERNETES_SERVICE_HOST, as the kubelet gives it to every pod, else "+agent.DefaultServiceVIP+". The agent checks them against the Service itself and is not ready, and does not intercept, while they differ.")
+	fs.StringSliceVar(&o.serviceVIPs, "service-vip", nil, "Cluster IP(s) of the default/kubernetes Service, the destinations redirected to the agent. Default: $KUBERNETES_SERVICE_HOST, as the kubelet gives it to every pod, else "+agent.DefaultServiceVIP+". The agent checks them against the Service itself: until it has read the Service, and while they differ, it does not intercept and is not ready.")
 	fs.Uint16Var(&c.ServicePort, "service-port", agent.DefaultServicePort, "Port of the default/kubernetes Service. Default: $KUBERNETES_SERVICE_PORT where set.")
 	fs.StringVar(&c.ClusterDomain, "cluster-domain", agent.DefaultClusterDomain, "Cluster DNS domain, for the kubernetes.default.svc.<domain> name in the serving certificate. Unset, it is taken from the svc.<domain> entry of the DNS search path the kubelet writes into /etc/resolv.conf, where there is one. Keep it in step with the approver (or set both in the configuration file).")
 	fs.StringVar(&o.listenAddress, "listen-address", agent.DefaultListenAddress, "Local IP:port to serve on; the Service VIP is redirected here. The IP is added to the node by the agent.")

@@ -64,25 +64,44 @@ func Load(path string) (*AgentConfiguration, error) {
 // that later errors naming the flag can name the field too.
 type Applied map[string]*field.Path
 
+// Override is a field of the file that the command line overrode: its
+// flag was set there too, and the command line's value won.
+type Override struct {
+	// Flag is the flag's name, without dashes; Field the field's path.
+	Flag  string
+	Field *field.Path
+	// FlagValue is the command line's value, FileValue the file's, each
+	// as the flag prints it.
+	FlagValue, FileValue string
+}
+
 // ApplyToFlags sets every flag of fs that c gives a value and the command
 // line did not set. Only the fields of the named top-level sections are
 // looked at (all of them without any), and fields whose flag fs lacks are
 // skipped: each command reads the sections that concern it, so that a flag
 // of the same name meaning something else there (the approver's own
-// metrics address) is never set by the agent's field. Each value goes through the flag's own parser, so the
-// file accepts exactly what the flag accepts; errors carry the field path.
-func ApplyToFlags(c *AgentConfiguration, fs *pflag.FlagSet, sections ...string) (Applied, error) {
+// metrics address) is never set by the agent's field. Each value goes
+// through the flag's own parser, so the file accepts exactly what the flag
+// accepts; errors carry the field path. The fields whose flag the command
+// line had set are returned as overrides, for the caller to report: an
+// edit of such a field has no effect.
+func ApplyToFlags(c *AgentConfiguration, fs *pflag.FlagSet, sections ...string) (Applied, []Override, error) {
 	applied := Applied{}
+	var overrides []Override
 	var errs field.ErrorList
 	walk(reflect.ValueOf(c).Elem(), nil, func(f fieldInfo) {
 		if f.value.IsNil() || !inSections(f.path, sections) {
 			return
 		}
 		fl := fs.Lookup(f.flag)
-		if fl == nil || fl.Changed {
+		if fl == nil {
 			return
 		}
 		s := flagValue(f.value)
+		if fl.Changed {
+			overrides = append(overrides, Override{Flag: f.flag, Field: f.path, FlagValue: fl.Value.String(), FileValue: s})
+			return
+		}
 		// A list flag appends once changed; start it over so the file's
 		// list replaces the default rather than adding to it.
 		if sv, ok := fl.Value.(pflag.SliceValue); ok {
@@ -104,7 +123,7 @@ func ApplyToFlags(c *AgentConfiguration, fs *pflag.FlagSet, sections ...string) 
 		}
 		applied[f.flag] = f.path
 	})
-	return applied, errs.ToAggregate()
+	return applied, overrides, errs.ToAggregate()
 }
 
 // inSections says whether path lies in one of sections; no sections means

@@ -3,12 +3,16 @@ package v1alpha1
 import (
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/spf13/pflag"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/yaml"
 )
 
@@ -50,9 +54,10 @@ cache:
 `
 
 // Given a file that sets flags of several kinds, when it is applied to a
-// command line that set one of them, then the command line's value stays,
-// every other field reaches its flag, a list replaces the default, and
-// fields of flags the command lacks (signerName) are skipped.
+// command line that set one of them, then the command line's value stays
+// and is reported as an override, every other field reaches its flag, a
+// list replaces the default, and fields of flags the command lacks
+// (signerName) are skipped.
 func TestApplyToFlags(t *testing.T) {
 	c, err := Decode([]byte(file))
 	if err != nil {
@@ -62,9 +67,13 @@ func TestApplyToFlags(t *testing.T) {
 	if err := fs.Parse([]string{"--cluster-domain=cli.local"}); err != nil {
 		t.Fatal(err)
 	}
-	applied, err := ApplyToFlags(c, fs)
+	applied, overrides, err := ApplyToFlags(c, fs)
 	if err != nil {
 		t.Fatal(err)
+	}
+	want := []Override{{Flag: "cluster-domain", Field: field.NewPath("cluster", "clusterDomain"), FlagValue: "cli.local", FileValue: "example.internal"}}
+	if diff := cmp.Diff(want, overrides, cmp.Comparer(func(a, b *field.Path) bool { return a.String() == b.String() })); diff != "" {
+		t.Errorf("overrides (-want +got):\n%s", diff)
 	}
 	if strings.Join(v.vips, ",") != "10.100.0.1,fd00::1" || v.port != 6443 || v.domain != "cli.local" || v.on ||
 		v.sync != 30*time.Second || v.events != 500 {
@@ -118,7 +127,7 @@ func TestConfigErrors(t *testing.T) {
 			c, err := Decode([]byte(tc.doc))
 			if err == nil {
 				fs, _ := flags()
-				_, err = ApplyToFlags(c, fs)
+				_, _, err = ApplyToFlags(c, fs)
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("error %v, want one containing %q", err, tc.want)
@@ -157,5 +166,57 @@ func TestShippedConfig(t *testing.T) {
 	}
 	if c.Interception.Enabled == nil || !*c.Interception.Enabled {
 		t.Errorf("the shipped configuration does not intercept")
+	}
+}
+
+// The shipped DaemonSet passes no flag that overrides a field of the
+// shipped ConfigMap: an operator who edits that field must see the edit
+// take effect.
+func TestShippedDaemonSetOverridesNothing(t *testing.T) {
+	raw, err := os.ReadFile("../../../../manifests/config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	if err := yaml.UnmarshalStrict(raw, &cm); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Decode([]byte(cm.Data["config.yaml"]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err = os.ReadFile("../../../../manifests/daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := yaml.UnmarshalStrict(raw, &ds); err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	for _, ctr := range ds.Spec.Template.Spec.Containers {
+		if ctr.Name == "kube-apicache" {
+			args = ctr.Args
+		}
+	}
+	if !slices.Contains(args, "--config=/etc/kube-apicache/config/config.yaml") {
+		t.Fatalf("the DaemonSet's agent does not read the shipped configuration: %q", args)
+	}
+	// Every flag a field names, as a string flag: the values are not
+	// parsed, only whether the command line sets them.
+	fs := pflag.NewFlagSet("daemonset", pflag.ContinueOnError)
+	fs.ParseErrorsAllowlist.UnknownFlags = true
+	for _, name := range Fields() {
+		fs.String(name, "", "")
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	_, overrides, err := ApplyToFlags(c, fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range overrides {
+		t.Errorf("the DaemonSet's --%s=%s overrides %s: %s in the shipped ConfigMap", o.Flag, o.FlagValue, o.Field, o.FileValue)
 	}
 }
