@@ -1,0 +1,141 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// compatibilityRow is one row of the README's compatibility matrix.
+type compatibilityRow struct {
+	dimension, value, status string
+}
+
+// tested says whether the row claims that the e2e suite runs it.
+func (r compatibilityRow) tested() bool { return strings.HasPrefix(r.status, "**Tested**") }
+
+// compatibilityMatrix returns the rows of the table under the README's
+// "## Compatibility" heading.
+func compatibilityMatrix(t *testing.T, readme string) []compatibilityRow {
+	t.Helper()
+	_, section, ok := strings.Cut(readme, "\n## Compatibility\n")
+	if !ok {
+		t.Fatal("README.md has no ## Compatibility section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	var rows []compatibilityRow
+	for line := range strings.Lines(section) {
+		cells := strings.Split(strings.TrimSpace(line), "|")
+		if len(cells) != 5 || cells[0] != "" || cells[4] != "" {
+			continue
+		}
+		r := compatibilityRow{strings.TrimSpace(cells[1]), strings.TrimSpace(cells[2]), strings.TrimSpace(cells[3])}
+		if r.dimension == "Dimension" || strings.HasPrefix(r.dimension, "---") {
+			continue
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// kubeVersionRef is the Kubernetes release a build script pins.
+var kubeVersionRef = regexp.MustCompile(`(?m)^KUBE_VERSION=(v\d+\.\d+\.\d+)$`)
+
+// kubeModuleRef is the k8s.io/kubernetes an e2e tools module builds.
+var kubeModuleRef = regexp.MustCompile(`(?m)^\s*k8s\.io/kubernetes (v\d+\.\d+\.\d+)\b`)
+
+// proxyModeRef is the kube-proxy mode an e2e scenario starts the real node
+// with: startRealNodeSandbox(t, ctx, dir, images, "<mode>").
+var proxyModeRef = regexp.MustCompile(`startRealNodeSandbox\(.*,\s*"([a-z]+)"\)`)
+
+// TestCompatibilityMatrix keeps the README's compatibility matrix honest:
+// the one Kubernetes version it marks tested is the release the e2e build
+// scripts and tools modules pin, and the kube-proxy modes it marks tested are exactly those
+// the e2e suite runs a real kube-proxy in.
+func TestCompatibilityMatrix(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := compatibilityMatrix(t, string(readme))
+
+	pinned := map[string]bool{}
+	for _, script := range []string{"build-control-plane.sh", "build-node.sh", "build-e2e-test.sh"} {
+		b, err := os.ReadFile(filepath.Join("../../hack", script))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := kubeVersionRef.FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("hack/%s pins no KUBE_VERSION", script)
+		}
+		pinned[string(m[1])] = true
+	}
+	for _, mod := range []string{"tools", "nodetools"} {
+		b, err := os.ReadFile(filepath.Join("../../e2e", mod, "go.mod"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := kubeModuleRef.FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("e2e/%s/go.mod requires no k8s.io/kubernetes", mod)
+		}
+		pinned[string(m[1])] = true
+	}
+	if len(pinned) != 1 {
+		t.Fatalf("the build scripts and the e2e tools pin several Kubernetes versions: %v", pinned)
+	}
+	var testedKube []string
+	for _, r := range rows {
+		if r.dimension == "Kubernetes" && r.tested() {
+			testedKube = append(testedKube, r.value)
+		}
+	}
+	if len(testedKube) != 1 {
+		t.Fatalf("the matrix marks %d Kubernetes rows tested (%q), want one", len(testedKube), testedKube)
+	}
+	for v := range pinned {
+		if first, _, _ := strings.Cut(testedKube[0], " "); first != v {
+			t.Errorf("the matrix marks Kubernetes %q tested; the e2e builds pin %s", testedKube[0], v)
+		}
+	}
+
+	var run []string
+	sources, err := filepath.Glob("../../e2e/*_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range sources {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range proxyModeRef.FindAllSubmatch(b, -1) {
+			run = append(run, string(m[1]))
+		}
+	}
+	slices.Sort(run)
+	run = slices.Compact(run)
+	if len(run) == 0 {
+		t.Fatal("no e2e scenario starts a real kube-proxy (startRealNodeSandbox)")
+	}
+	var tested []string
+	for _, r := range rows {
+		if r.dimension != "kube-proxy" {
+			continue
+		}
+		mode, _, _ := strings.Cut(r.value, " ")
+		if r.tested() {
+			tested = append(tested, mode)
+		} else if slices.Contains(run, mode) {
+			t.Errorf("the matrix does not mark kube-proxy %s tested, but the e2e suite runs it", r.value)
+		}
+	}
+	slices.Sort(tested)
+	if !slices.Equal(tested, run) {
+		t.Errorf("the matrix marks kube-proxy modes %v tested; the e2e suite runs %v", tested, run)
+	}
+}
