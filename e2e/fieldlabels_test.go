@@ -16,6 +16,7 @@ import (
 
 	batchv1 "k8s.io/api/batch/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
+	certificatesv1beta1 "k8s.io/api/certificates/v1beta1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -215,13 +216,17 @@ var fieldSelectorResources = []struct {
 	{gvr: schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "replicasets"}, spec: "replicasets.apps", namespaced: true},
 	{gvr: certificatesv1.SchemeGroupVersion.WithResource("certificatesigningrequests"), spec: "certificatesigningrequests.certificates.k8s.io"},
 	{gvr: resourcev1.SchemeGroupVersion.WithResource("resourceslices"), spec: "resourceslices.resource.k8s.io"},
+	// Beta, served by the sandbox for this check.
+	{gvr: certificatesv1beta1.SchemeGroupVersion.WithResource("clustertrustbundles"), spec: "clustertrustbundles.certificates.k8s.io"},
+	{gvr: certificatesv1beta1.SchemeGroupVersion.WithResource("podcertificaterequests"), spec: "podcertificaterequests.certificates.k8s.io", namespaced: true},
 }
 
 // TestFieldSelectorsThroughAgent is the field selector scenario.
 //
 // Given an agent caching every built-in resource with field labels of its
 // own (events of both groups, secrets, jobs, replication controllers,
-// namespaces, nodes, pods, services, CSRs, resource slices) and two with
+// namespaces, nodes, pods, services, CSRs, resource slices, and the beta
+// cluster trust bundles and pod certificate requests) and two with
 // metadata fields only, and objects whose fields take several values,
 // when a pod allowed to list them all lists each with every field label
 // kube-apiserver accepts for it, with = and != against each value the
@@ -516,6 +521,16 @@ func createFieldLabelObjects(t *testing.T, ctx context.Context, c *sandbox.Clust
 			Pool: resourcev1.ResourcePool{Name: "pool", ResourceSliceCount: 1}, Devices: []resourcev1.Device{{Name: "dev-0"}}},
 	}, metav1.CreateOptions{})
 	create(err)
+	// Trust bundles with and without a signer (a signer's bundle is named
+	// after it). No PodCertificateRequest: only a kubelet can make one
+	// for a running pod; its lists are compared empty.
+	for name, signer := range map[string]string{"e2e-field-labels": "", "example.com:field-labels:e2e": "example.com/field-labels"} {
+		_, err = c.Admin.CertificatesV1beta1().ClusterTrustBundles().Create(ctx, &certificatesv1beta1.ClusterTrustBundle{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec:       certificatesv1beta1.ClusterTrustBundleSpec{SignerName: signer, TrustBundle: string(c.CA.CertPEM)},
+		}, metav1.CreateOptions{})
+		create(err)
+	}
 	if len(created) > 0 {
 		t.Fatalf("creating the objects: %v", created)
 	}
