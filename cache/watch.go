@@ -171,8 +171,9 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 		nextBookmark()
 	}
 	bookmarkDue := false
-	// sent is the RV of the last event or bookmark sent.
-	sent := from
+	// seen is the RV up to which the watch has seen every event (sent it,
+	// or found that its selectors do not see it): a bookmark's RV.
+	seen := from
 	buf := make([]*event, 0, watchBatch)
 	for {
 		if r.Context().Err() != nil {
@@ -189,7 +190,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 			return
 		case cursorBehind:
 			reason = endSlow
-			logger.V(2).Info("Ended a watch that fell behind the event window", "resource", res.label, "resourceVersion", sent)
+			logger.V(2).Info("Ended a watch that fell behind the event window", "resource", res.label, "resourceVersion", seen)
 			return
 		case cursorClosed:
 			reason = endStopped
@@ -206,39 +207,59 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 				logger.Error(err, "Encoding a watch event failed", "resource", res.label)
 				return
 			}
-			if o == nil {
-				continue
+			if o != nil {
+				b, err := c.eventObject(p, o)
+				if err != nil {
+					logger.Error(err, "Encoding a watch event failed", "resource", res.label)
+					return
+				}
+				if err := ww.event(t, b); err != nil {
+					reason = writeEndReason(err)
+					return
+				}
+				c.metrics.eventSent(res.label)
 			}
-			b, err := c.eventObject(p, o)
-			if err != nil {
-				logger.Error(err, "Encoding a watch event failed", "resource", res.label)
-				return
-			}
-			if err := ww.event(t, b); err != nil {
-				reason = writeEndReason(err)
-				return
-			}
-			c.metrics.eventSent(res.label)
-			sent = e.rv
+			seen = e.rv
 		}
-		if len(evs) == watchBatch {
-			continue
-		}
-		// Caught up: every event up to storeRV has been seen.
-		if bookmarkDue && storeRV > sent {
-			b, err := c.bookmarkObject(p, storeRV, false)
-			if err != nil {
+		behind := len(evs) == watchBatch
+		if !behind {
+			// Caught up: every event up to storeRV has been seen.
+			seen = max(seen, storeRV)
+		} else {
+			// A watch that stays behind, every read a full batch, still
+			// ends at its deadline, as kube-apiserver's does whatever its
+			// backlog, and gets the bookmarks that fall due.
+			select {
+			case <-end.C:
+				reason = endTimeout
+				_ = ww.flushErr()
 				return
+			case <-bookmarks:
+				bookmarkDue = true
+			default:
 			}
-			if err := ww.event(watch.Bookmark, b); err != nil {
-				reason = writeEndReason(err)
-				return
-			}
-			sent = storeRV
 		}
 		if bookmarkDue {
+			// As kube-apiserver's cacheWatcher: a bookmark whenever one is
+			// due and the RV is past the one the watch started from, even
+			// if no event came since the last event or bookmark sent (it
+			// then repeats that RV). A behind watch's bookmark is at the
+			// last event it has seen.
+			if seen > from {
+				b, err := c.bookmarkObject(p, seen, false)
+				if err != nil {
+					return
+				}
+				if err := ww.event(watch.Bookmark, b); err != nil {
+					reason = writeEndReason(err)
+					return
+				}
+			}
 			bookmarkDue = false
 			nextBookmark()
+		}
+		if behind {
+			continue
 		}
 		if err := ww.flushErr(); err != nil {
 			reason = writeEndReason(err)

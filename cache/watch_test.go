@@ -1,13 +1,16 @@
 package cache
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -397,5 +400,120 @@ func TestWatchWaitsForReopenedWatch(t *testing.T) {
 				t.Errorf("status %d after %d upstream requests; want served from the cache: %v", resp.StatusCode, len(up.got()), reopen)
 			}
 		})
+	}
+}
+
+// slowClient is a ResponseWriter that reads a watch slowly: each write of
+// the served stream takes delay.
+type slowClient struct {
+	delay  time.Duration
+	header http.Header
+	mu     sync.Mutex
+	body   bytes.Buffer
+}
+
+func (s *slowClient) Header() http.Header { return s.header }
+func (s *slowClient) WriteHeader(int)     {}
+func (s *slowClient) Flush()              {}
+
+func (s *slowClient) Write(b []byte) (int, error) {
+	time.Sleep(s.delay)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.body.Write(b)
+}
+
+// TestWatchBehindEndsAtTimeout: a watch that stays behind, every read of
+// the window a full batch (5,000 events wait for a client that reads
+// about 320 KB/s, some 6 s of them), still ends at its timeoutSeconds
+// (1 s), as kube-apiserver's ends whatever its backlog, and still gets
+// the bookmark due two seconds (here 0.5 s) before it, at the last event
+// it had sent; the stream ends with whole events.
+func TestWatchBehindEndsAtTimeout(t *testing.T) {
+	old := bookmarkBeforeTimeout
+	bookmarkBeforeTimeout = 500 * time.Millisecond
+	t.Cleanup(func() { bookmarkBeforeTimeout = old })
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	c, _ := testCache(t, up, wlPod("a", "80"))
+	st := c.resources[0].current.Load().store
+	st.mu.Lock()
+	st.hist.maxBytes = 64 << 20
+	st.mu.Unlock()
+	const backlog = 5000
+	for i := range backlog {
+		mustDo(t, st.Update(wlPod("a", fmt.Sprint(101+i))))
+	}
+	q := url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"}, "resourceVersion": {"100"},
+		"timeoutSeconds": {"1"}, "allowWatchBookmarks": {"true"}}
+	req := httptest.NewRequest(http.MethodGet, "/api/v1/pods?"+q.Encode(), nil)
+	req.Header.Set("Authorization", "Bearer token-a")
+	info, _ := testInfoFactory.NewRequestInfo(req)
+	req = req.WithContext(request.WithRequestInfo(req.Context(), info))
+	client := &slowClient{delay: 100 * time.Millisecond, header: http.Header{}}
+	start := time.Now()
+	c.Handler(up, func(h http.Handler) http.Handler { return h }).ServeHTTP(client, req)
+	if took := time.Since(start); took < 900*time.Millisecond || took > 3*time.Second {
+		t.Errorf("the watch ended after %s, want about its 1s timeout", took)
+	}
+	if got := c.metrics.watchEnds.WithLabelValues("pods", endTimeout); testutil.ToFloat64(got) != 1 {
+		t.Errorf("watches ended by their timeout: %v, want 1", testutil.ToFloat64(got))
+	}
+	dec := json.NewDecoder(&client.body)
+	var events, bookmarks int
+	var last string
+	for {
+		var ev struct {
+			Type   string
+			Object metav1.PartialObjectMetadata
+		}
+		if err := dec.Decode(&ev); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("after %d events: %v", events, err)
+		}
+		rv := ev.Object.ResourceVersion
+		if ev.Type == string(watch.Bookmark) {
+			bookmarks++
+			if rv != last {
+				t.Errorf("bookmark at %s after the event at %s, want the RV of the last event sent", rv, last)
+			}
+			continue
+		}
+		events++
+		last = rv
+	}
+	if events == 0 || events >= backlog {
+		t.Errorf("%d of the %d events sent, want the watch ended behind", events, backlog)
+	}
+	if bookmarks != 1 {
+		t.Errorf("%d bookmarks, want the one due before the timeout", bookmarks)
+	}
+}
+
+// TestWatchBookmarkRepeatsLastEvent: a bookmark that falls due is sent
+// whenever the RV is past the one the watch started from, even if it is
+// the RV of the last event sent, as kube-apiserver's cacheWatcher sends
+// it; a watch that started at the Store's RV gets none until it moves.
+func TestWatchBookmarkRepeatsLastEvent(t *testing.T) {
+	fastBookmarks(t, 200*time.Millisecond)
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	c, cfg := testCache(t, up, wlPod("a", "80"))
+	st := c.resources[0].current.Load().store
+	client := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("")
+	w, err := client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "100", FieldSelector: "spec.nodeName=node-a", AllowWatchBookmarks: true})
+	mustDo(t, err)
+	defer w.Stop()
+	idle, err := client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "101", FieldSelector: "spec.nodeName=node-a", AllowWatchBookmarks: true})
+	mustDo(t, err)
+	defer idle.Stop()
+	waitWatchers(t, c, 2)
+	mustDo(t, st.Update(wlPod("a", "101")))
+	if got := summarize(next(t, w, 2)); !cmp.Equal(got, []string{"MODIFIED a@101", "BOOKMARK @101"}) {
+		t.Errorf("events %v, want the event, then a bookmark at its RV", got)
+	}
+	select {
+	case ev := <-idle.ResultChan():
+		t.Errorf("a watch from the Store's RV got %v before the RV moved", summarize([]watch.Event{ev}))
+	case <-time.After(600 * time.Millisecond):
 	}
 }
