@@ -136,6 +136,8 @@ type ResourceState struct {
 	Healthy         bool
 	Objects         int
 	ResourceVersion uint64
+	// Watching: the informer holds its watch open upstream.
+	Watching bool
 	// History is the event window watches are served from.
 	History HistoryStats
 	// Lists counts the running informer's lists: the first, and a relist
@@ -146,6 +148,9 @@ type ResourceState struct {
 func (c *Cache) state(r *resource) ResourceState {
 	st, inf := r.informerState()
 	s := ResourceState{Resource: r.label, State: st, Pinned: r.pinned || !c.cfg.OnDemand}
+	if inf != nil {
+		s.Watching = inf.watchOpen()
+	}
 	if inf != nil && inf.ready.Load() {
 		s.Synced = inf.store.Synced()
 		s.Healthy = inf.healthy()

@@ -119,6 +119,8 @@ var (
 		"Estimated memory the resource's event window keeps alive.", []string{"resource"}, nil)
 	historyAgeDesc = prometheus.NewDesc("kube_apicache_cache_history_age_seconds",
 		"Age of the oldest event in the resource's event window; a watch from an older resourceVersion gets 410 Gone.", []string{"resource"}, nil)
+	upstreamWatchesDesc = prometheus.NewDesc("kube_apicache_cache_upstream_watches",
+		"Watches the cache holds open upstream for the resource: 1 while its informer's watch is open (its initial events included), 0 while it lists, retries or is idle. Every client watch of the resource served from the cache shares it.", []string{"resource"}, nil)
 	informersDesc = prometheus.NewDesc("kube_apicache_cache_informers",
 		"Informers running, each holding one list or watch open upstream: those of resources not idle, and the watch of CRDs while a custom resource's informer runs.", nil, nil)
 )
@@ -139,6 +141,7 @@ func (s *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- historyEventsDesc
 	ch <- historyBytesDesc
 	ch <- historyAgeDesc
+	ch <- upstreamWatchesDesc
 	ch <- informersDesc
 }
 
@@ -166,6 +169,7 @@ func (s *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			age = s.c.clock.Since(st.History.Oldest).Seconds()
 		}
 		ch <- prometheus.MustNewConstMetric(historyAgeDesc, prometheus.GaugeValue, age, st.Resource)
+		ch <- prometheus.MustNewConstMetric(upstreamWatchesDesc, prometheus.GaugeValue, b(st.Watching), st.Resource)
 	}
 	ch <- prometheus.MustNewConstMetric(informersDesc, prometheus.GaugeValue, float64(s.c.Informers()))
 }

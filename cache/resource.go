@@ -128,6 +128,11 @@ func newInformer(r *resource) *informer {
 	return &informer{resource: r}
 }
 
+// watchOpen reports whether the informer holds its watch open upstream.
+func (r *informer) watchOpen() bool {
+	return r.watchState.Load()&1 == 1
+}
+
 // healthy reports whether the Store is synced, kept current and its watch
 // open: the condition for answering consistent reads.
 func (r *informer) healthy() bool {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -515,5 +516,28 @@ func TestWatchBookmarkRepeatsLastEvent(t *testing.T) {
 	case ev := <-idle.ResultChan():
 		t.Errorf("a watch from the Store's RV got %v before the RV moved", summarize([]watch.Event{ev}))
 	case <-time.After(600 * time.Millisecond):
+	}
+}
+
+// TestUpstreamWatchesMetric: kube_apicache_cache_upstream_watches is 1
+// for a resource while its informer's watch is open upstream, and 0 while
+// it is not (listing, retrying), whatever client watches it serves.
+func TestUpstreamWatchesMetric(t *testing.T) {
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	c, _ := testCache(t, up, wlPod("a", "80"))
+	reg := prometheus.NewPedanticRegistry()
+	mustDo(t, c.metrics.register(reg))
+	want := func(v int) string {
+		return fmt.Sprintf(`# HELP kube_apicache_cache_upstream_watches %s
+# TYPE kube_apicache_cache_upstream_watches gauge
+kube_apicache_cache_upstream_watches{resource="pods"} %d
+`, "Watches the cache holds open upstream for the resource: 1 while its informer's watch is open (its initial events included), 0 while it lists, retries or is idle. Every client watch of the resource served from the cache shares it.", v)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want(1)), "kube_apicache_cache_upstream_watches"); err != nil {
+		t.Errorf("while the watch is open: %v", err)
+	}
+	c.resources[0].current.Load().watchState.Store(2 << 1)
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want(0)), "kube_apicache_cache_upstream_watches"); err != nil {
+		t.Errorf("while the watch is closed: %v", err)
 	}
 }
