@@ -26,6 +26,13 @@ import (
 // end, as kube-apiserver's cacher ends its watchers when it relists; their
 // clients watch again from their last RV, and get 410 if that is before
 // the new floor.
+//
+// An RV that goes back (a list or an event older than the Store's RV: the
+// upstream's etcd was restored from a backup) also starts a new epoch,
+// but its watches cannot simply end: their clients would watch again from
+// an RV that the new history has not reached, and be served from there,
+// skipping every event up to it. So they end with a 410 Expired ERROR
+// event, and their clients relist.
 
 // Default bounds of a resource's event window.
 const (
@@ -73,6 +80,9 @@ type history struct {
 	floor uint64
 	// epoch counts Replaces: a watch of an older epoch has ended.
 	epoch uint64
+	// backEpoch is the latest epoch that began with the RV going back: a
+	// watch of an older epoch must make its client relist.
+	backEpoch uint64
 }
 
 func newHistory(maxEvents, maxBytes int) *history {
@@ -97,7 +107,7 @@ func (h *history) at(s uint64) *event {
 // new epoch at it: what came before cannot be ordered with it.
 func (h *history) add(e *event) {
 	if h.n > 0 && e.rv <= h.at(h.seq-1).rv {
-		h.reset(max(e.rv, 1)-1, true)
+		h.wentBack(max(e.rv, 1) - 1)
 	}
 	if h.n == len(h.ring) {
 		h.grow()
@@ -147,6 +157,14 @@ func (h *history) reset(rv uint64, newEpoch bool) {
 	}
 }
 
+// wentBack empties the window, whose floor becomes rv, in a new epoch
+// that began with the RV going back: the watches of older epochs end
+// with 410 Expired.
+func (h *history) wentBack(rv uint64) {
+	h.reset(rv, true)
+	h.backEpoch = h.epoch
+}
+
 // position returns the sequence number of the first event with an RV
 // greater than rv, or ok false if events after rv have left the window.
 func (h *history) position(rv uint64) (seq uint64, ok bool) {
@@ -192,6 +210,9 @@ const (
 	cursorOK cursorState = iota
 	// cursorReplaced: the Store relisted; the watch's epoch is over.
 	cursorReplaced
+	// cursorWentBack: the Store's RV went back since the watch's epoch;
+	// its client must relist.
+	cursorWentBack
 	// cursorBehind: the watch's next event has left the window.
 	cursorBehind
 	// cursorClosed: the Store's informer stopped.
@@ -237,6 +258,8 @@ func (s *Store) next(c cursor, buf []*event, max int) ([]*event, cursor, uint64,
 	defer s.mu.RUnlock()
 	h := s.hist
 	switch {
+	case h.backEpoch > c.epoch:
+		return buf, c, s.rv, nil, cursorWentBack
 	case c.epoch != h.epoch:
 		return buf, c, s.rv, nil, cursorReplaced
 	case c.seq < h.seq-uint64(h.n):

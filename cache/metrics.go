@@ -44,7 +44,7 @@ func newMetrics(c *Cache) *metrics {
 		}, []string{"resource"}),
 		watchEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_cache_watches_ended_total",
-			Help: "Client watches served from the cache that ended, by resource and reason: client (it went away, or the agent drained), timeout, relisted (the cache's own watch relisted), slow (it fell behind the event window or stopped reading), informer-stopped, too-old (it asked for a resourceVersion older than the window: 410 Gone).",
+			Help: "Client watches served from the cache that ended, by resource and reason: client (it went away, or the agent drained), timeout, relisted (the cache's own watch relisted), slow (it fell behind the event window or stopped reading), informer-stopped, too-old (it asked for a resourceVersion older than the window: 410 Gone), resource-version-went-back (the upstream's resourceVersion went back: 410 Gone, the client relists).",
 		}, []string{"resource", "reason"}),
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/fields"
@@ -369,11 +371,21 @@ func (h *healthListerWatcher) WatchWithContext(ctx context.Context, opts metav1.
 	if err != nil {
 		return nil, err
 	}
-	if opts.SendInitialEvents != nil && *opts.SendInitialEvents {
+	initial := opts.SendInitialEvents != nil && *opts.SendInitialEvents
+	if initial {
 		h.r.needReplaces.Store(h.r.store.Replaces() + 1)
 	}
 	h.r.watchState.Store(gen<<1 | 1)
-	hw := &healthWatch{inner: w, out: make(chan watch.Event), done: make(chan struct{})}
+	hw := &healthWatch{inner: w, out: make(chan watch.Event), done: make(chan struct{}),
+		initial: initial, logger: klog.FromContext(ctx).WithValues("resource", h.r.label)}
+	if !initial {
+		// A watch from N gets the events after N; from "0" or "" (which
+		// the reflector does not make after a list), synthetic ADDED
+		// events first, in no RV order: those are not checked.
+		if rv, err := ParseResourceVersion(opts.ResourceVersion); err == nil && rv > 0 {
+			hw.from = rv
+		}
+	}
 	go hw.relay(&h.r.watchState, gen)
 	return hw, nil
 }
@@ -383,17 +395,55 @@ type healthWatch struct {
 	out      chan watch.Event
 	done     chan struct{}
 	stopOnce sync.Once
+	// from is the RV the watch started from (0: none to check against);
+	// initial: it starts with initial events (a watch-list), in key
+	// order, not RV order, ended by a bookmark at the RV they are at.
+	from    uint64
+	initial bool
+	logger  klog.Logger
 }
 
 // relay passes events on and marks the watch closed (unless a newer one
 // has opened) on an error event or when the watch ends.
+//
+// An object event whose resourceVersion is not after the RV the watch
+// started from, nor after the events and bookmarks before it, means the
+// upstream's history went back (its etcd was restored from a backup): the
+// Store holds objects of a history that no longer exists, and only a list
+// can tell which. So the event is not passed on; the reflector gets a 410
+// Expired ERROR instead, which makes it relist (from its RV, which the
+// upstream answers "too large resource version", then from the latest).
+// A watch-list's initial events are not checked: they come in key order,
+// and the initial-events-end bookmark gives the RV they are at.
 func (w *healthWatch) relay(state *atomic.Uint64, gen uint64) {
 	closed := func() { state.CompareAndSwap(gen<<1|1, gen<<1) }
 	defer close(w.out)
 	defer closed()
+	last, checking := w.from, w.from > 0
 	for ev := range w.inner.ResultChan() {
 		if ev.Type == watch.Error {
 			closed()
+		} else if rv, ok := objectRV(ev.Object); ok {
+			switch {
+			case ev.Type == watch.Bookmark:
+				if w.initial && isInitialEventsEnd(ev.Object) {
+					checking = true
+				}
+				last = max(last, rv)
+			case checking:
+				if rv <= last {
+					w.logger.Info("The upstream's resourceVersion went back; relisting", "resourceVersion", last, "event", rv)
+					closed()
+					ev = watch.Event{Type: watch.Error, Object: statusOf(apierrors.NewResourceExpired(
+						fmt.Sprintf("resourceVersion went back from %d to %d", last, rv)))}
+					select {
+					case w.out <- ev:
+					case <-w.done:
+					}
+					return
+				}
+				last = rv
+			}
 		}
 		select {
 		case w.out <- ev:
@@ -401,6 +451,24 @@ func (w *healthWatch) relay(state *atomic.Uint64, gen uint64) {
 			return
 		}
 	}
+}
+
+// objectRV returns obj's resourceVersion, if it has one (kube-apiserver
+// issues none below 1).
+func objectRV(obj runtime.Object) (uint64, bool) {
+	m, err := meta.Accessor(obj)
+	if err != nil || m.GetResourceVersion() == "" {
+		return 0, false
+	}
+	rv, err := ParseResourceVersion(m.GetResourceVersion())
+	return rv, err == nil && rv > 0
+}
+
+// isInitialEventsEnd reports whether obj is the bookmark that ends a
+// watch-list's initial events.
+func isInitialEventsEnd(obj runtime.Object) bool {
+	m, err := meta.Accessor(obj)
+	return err == nil && m.GetAnnotations()[metav1.InitialEventsAnnotationKey] == "true"
 }
 
 func (w *healthWatch) Stop() {

@@ -54,7 +54,10 @@ func (p Predicate) matches(attrs AttrsFunc, o *Object) bool {
 //
 // Invariant: every object event the Store has applied has an RV ≤ RV(), and
 // RV() never moves past an event it has not applied. So a Snapshot is the
-// state of the resource at exactly the RV it returns.
+// state of the resource at exactly the RV it returns. The one exception is
+// an upstream whose RV went back (etcd restored from a backup): the Store
+// follows it back, ends its watches so that their clients relist, and is
+// whole again once its informer has relisted (history.go).
 type Store struct {
 	// Fixed at construction.
 	attrs    AttrsFunc
@@ -220,6 +223,18 @@ func (s *Store) put(item any, typ watch.EventType) error {
 		s.objects[o.key] = o
 	}
 	s.sorted = nil
+	if s.synced && rv != 0 && rv <= s.rv {
+		// The RV went back: the upstream's history is not the one the
+		// Store followed (etcd restored from a backup). Like a relist
+		// that goes back, it starts a new window at the event and ends
+		// the watches of the old one with 410, so that their clients
+		// relist; the Store's RV follows the upstream's, so that a watch
+		// from now does not skip the events up to the old RV. (The
+		// informer's watch has already been ended, and it relists:
+		// healthWatch.)
+		s.hist.wentBack(rv - 1)
+		s.rv = rv
+	}
 	if s.synced {
 		e := &event{typ: typ, obj: o, prev: prev, rv: rv, at: s.now(), size: objectSize(o)}
 		s.hist.add(e)
@@ -251,8 +266,8 @@ func (s *Store) Resync() error { return nil }
 
 // Replace implements cache.ReflectorStore: the result of a (re)list or the
 // initial events of a watch-list, consistent at resourceVersion. The Store
-// is synced from then on. Unlike event RVs, a relist may move the RV back
-// (for example after etcd was restored); the list is the truth.
+// is synced from then on. A relist may move the RV back (for example
+// after etcd was restored); the list is the truth.
 func (s *Store) Replace(items []any, resourceVersion string) error {
 	objects := make(map[string]*Object, len(items))
 	for _, item := range items {
@@ -270,8 +285,13 @@ func (s *Store) Replace(items []any, resourceVersion string) error {
 	s.objects, s.sorted = objects, nil
 	s.replaces++
 	// The events since the last list are not known: a new window starts
-	// at the list, and the watches of the old one end.
-	s.hist.reset(rv, true)
+	// at the list, and the watches of the old one end; if the list is
+	// older than the Store was, their clients must relist (history.go).
+	if s.synced && rv < s.rv {
+		s.hist.wentBack(rv)
+	} else {
+		s.hist.reset(rv, true)
+	}
 	// Waiters are woken even if the RV is the same: the watches of the
 	// old window must see that it ended.
 	s.rv, s.synced = rv, true

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/klog/v2"
 )
@@ -51,6 +52,7 @@ const (
 	endSlow     = "slow"
 	endStopped  = "informer-stopped"
 	endTooOld   = "too-old"
+	endWentBack = "resource-version-went-back"
 )
 
 // serveWatch answers a watch from the cache: p's initial events if it
@@ -187,6 +189,18 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 			// rather than forwarded.
 			reason = endRelisted
 			c.awaitHealthy(r.Context(), res)
+			return
+		case cursorWentBack:
+			// The client's RVs belong to a history the upstream no
+			// longer has: a watch from them would skip events. 410
+			// makes it relist (history.go).
+			reason = endWentBack
+			logger.V(2).Info("Ended a watch: the resource's resourceVersion went back", "resource", res.label, "resourceVersion", seen)
+			if b, err := embed(p.media, statusOf(apierrors.NewResourceExpired(
+				"the resource's history was replaced by an older one (its resourceVersion went back): list again")), res.encoder); err == nil {
+				_ = ww.event(watch.Error, b)
+				_ = ww.flushErr()
+			}
 			return
 		case cursorBehind:
 			reason = endSlow

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -516,6 +517,140 @@ func TestWatchBookmarkRepeatsLastEvent(t *testing.T) {
 	case ev := <-idle.ResultChan():
 		t.Errorf("a watch from the Store's RV got %v before the RV moved", summarize([]watch.Event{ev}))
 	case <-time.After(600 * time.Millisecond):
+	}
+}
+
+// TestWatchRVWentBack: when the Store's resourceVersion goes back (an
+// event, or a list, older than it: the upstream's etcd was restored from
+// a backup), the watches it serves end with 410 Expired, so that their
+// clients relist instead of watching again from an RV the new history has
+// not reached (which would skip every event up to it); the Store's RV
+// follows the upstream's, so a watch from now gets the events after it.
+func TestWatchRVWentBack(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		goBack func(st *Store) error
+	}{
+		{"an older event", func(st *Store) error { return st.Update(wlPod("a", "120")) }},
+		{"an older list", func(st *Store) error { return st.Replace([]any{wlPod("a", "110")}, "120") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+			c, cfg := testCache(t, up, wlPod("a", "80"))
+			st := c.resources[0].current.Load().store
+			mustDo(t, st.Update(wlPod("a", "150")))
+			client := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("")
+			fromNow := metav1.ListOptions{ResourceVersion: "0", SendInitialEvents: ptr.To(false),
+				ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, FieldSelector: "spec.nodeName=node-a"}
+			w, err := client.Watch(context.Background(), fromNow)
+			mustDo(t, err)
+			waitWatchers(t, c, 1)
+			mustDo(t, tc.goBack(st))
+			if got := summarize(collect(t, w)); !cmp.Equal(got, []string{"ERROR 410 Expired"}) {
+				t.Errorf("the watch from before got %v, want ERROR 410 Expired", got)
+			}
+			if rv := st.ResourceVersion(); rv != 120 {
+				t.Errorf("the Store is at RV %d, want 120", rv)
+			}
+			if got := c.metrics.watchEnds.WithLabelValues("pods", endWentBack); testutil.ToFloat64(got) != 1 {
+				t.Errorf("watches ended for the RV going back: %v, want 1", testutil.ToFloat64(got))
+			}
+			w, err = client.Watch(context.Background(), fromNow)
+			mustDo(t, err)
+			defer w.Stop()
+			waitWatchers(t, c, 1)
+			mustDo(t, st.Update(wlPod("a", "121")))
+			if got := summarize(next(t, w, 1)); !cmp.Equal(got, []string{"MODIFIED a@121"}) {
+				t.Errorf("a watch from now got %v, want MODIFIED a@121", got)
+			}
+		})
+	}
+}
+
+// fakeListerWatcher hands out one watch.
+type fakeListerWatcher struct{ w watch.Interface }
+
+func (f fakeListerWatcher) ListWithContext(context.Context, metav1.ListOptions) (runtime.Object, error) {
+	return nil, errors.New("no list")
+}
+
+func (f fakeListerWatcher) WatchWithContext(context.Context, metav1.ListOptions) (watch.Interface, error) {
+	return f.w, nil
+}
+
+// TestInformerWatchRVWentBack: the informer's own watch passes events on
+// while their RVs go forward, and turns the first object event whose RV
+// is not after the one it started from, nor after the events' before it,
+// into a 410 Expired ERROR for the reflector, which then relists; the
+// watch counts as closed (kube_apicache_cache_upstream_watches 0) from
+// then on. A watch-list's initial events, in key order, are not checked;
+// its initial-events-end bookmark sets the RV to go forward from, even
+// below the Store's (the relist after the RV went back).
+func TestInformerWatchRVWentBack(t *testing.T) {
+	bookmark := func(rv string, end bool) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{ResourceVersion: rv}}
+		if end {
+			p.Annotations = map[string]string{metav1.InitialEventsAnnotationKey: "true"}
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name   string
+		opts   metav1.ListOptions
+		events []watch.Event
+		want   []string
+	}{{
+		name: "watch from the Store's RV",
+		opts: metav1.ListOptions{ResourceVersion: "100"},
+		events: []watch.Event{{Type: watch.Modified, Object: wlPod("a", "101")}, {Type: watch.Bookmark, Object: bookmark("101", false)},
+			{Type: watch.Modified, Object: wlPod("a", "90")}, {Type: watch.Modified, Object: wlPod("a", "102")}},
+		want: []string{"MODIFIED a@101", "BOOKMARK @101", "ERROR 410 Expired"},
+	}, {
+		name:   "an event at the Store's RV",
+		opts:   metav1.ListOptions{ResourceVersion: "100"},
+		events: []watch.Event{{Type: watch.Added, Object: wlPod("b", "100")}},
+		want:   []string{"ERROR 410 Expired"},
+	}, {
+		name: "watch-list",
+		opts: metav1.ListOptions{SendInitialEvents: ptr.To(true), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, AllowWatchBookmarks: true},
+		events: []watch.Event{{Type: watch.Added, Object: wlPod("a", "95")}, {Type: watch.Added, Object: wlPod("b", "60")},
+			{Type: watch.Bookmark, Object: bookmark("130", true)}, {Type: watch.Modified, Object: wlPod("a", "131")},
+			{Type: watch.Modified, Object: wlPod("a", "125")}},
+		want: []string{"ADDED a@95", "ADDED b@60", "BOOKMARK @130 initial-events-end", "MODIFIED a@131", "ERROR 410 Expired"},
+	}, {
+		// The informer's relist once the RV went back: the Store is
+		// still at its old RV while the new initial events come.
+		name: "watch-list below the Store's RV",
+		opts: metav1.ListOptions{SendInitialEvents: ptr.To(true), ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, AllowWatchBookmarks: true},
+		events: []watch.Event{{Type: watch.Added, Object: wlPod("a", "50")}, {Type: watch.Bookmark, Object: bookmark("60", true)},
+			{Type: watch.Modified, Object: wlPod("a", "61")}, {Type: watch.Bookmark, Object: bookmark("70", false)},
+			{Type: watch.Modified, Object: wlPod("a", "71")}},
+		want: []string{"ADDED a@50", "BOOKMARK @60 initial-events-end", "MODIFIED a@61", "BOOKMARK @70", "MODIFIED a@71"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+			c, _ := testCache(t, up, wlPod("a", "80"))
+			inf := c.resources[0].current.Load()
+			fw := watch.NewFakeWithChanSize(len(tc.events), false)
+			w, err := (&healthListerWatcher{lw: fakeListerWatcher{w: fw}, r: inf}).WatchWithContext(context.Background(), tc.opts)
+			mustDo(t, err)
+			defer w.Stop()
+			if !c.Resources()[0].Watching {
+				t.Errorf("the informer's watch is open, but its resource does not count it")
+			}
+			for _, ev := range tc.events {
+				fw.Action(ev.Type, ev.Object)
+			}
+			// The upstream ends the watch after its events.
+			fw.Stop()
+			got := summarize(collect(t, w))
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("events passed to the reflector (-want +got):\n%s", diff)
+			}
+			if c.Resources()[0].Watching {
+				t.Errorf("the informer's watch ended, but its resource still counts it")
+			}
+		})
 	}
 }
 
