@@ -200,27 +200,25 @@ type planKey struct{}
 
 // Handler returns the request path: requests the cache can answer for an
 // authorized caller are served by hit (wrapped by wrapHit, for the agent's
-// request metrics); all others go to forward unchanged. The request must
-// carry its RequestInfo in the context.
+// request metrics); all others go to forward unchanged, but for the
+// timeoutSeconds of a watch the cache will serve soon (forwarded.go). The
+// request must carry its RequestInfo in the context.
 func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Handler) http.Handler {
 	hit := wrapHit(http.HandlerFunc(c.serve))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, _ := request.RequestInfoFrom(r.Context())
 		p, reason := c.classify(r, info)
 		if p == nil {
-			c.metrics.forwarded(info, reason)
-			forward.ServeHTTP(w, r)
+			c.forward(w, r, info, reason, forward)
 			return
 		}
 		if c.cfg.Reviewer == nil {
-			c.metrics.forwarded(info, reasonNoReviewer)
-			forward.ServeHTTP(w, r)
+			c.forward(w, r, info, reasonNoReviewer, forward)
 			return
 		}
 		release, ok := c.sources.acquire(r)
 		if !ok {
-			c.metrics.forwarded(info, reasonSourceShare)
-			forward.ServeHTTP(w, r)
+			c.forward(w, r, info, reasonSourceShare, forward)
 			return
 		}
 		// The source's slot is held while the cache decides (the review
@@ -230,8 +228,7 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 		defer release()
 		fwd := func(reason string) {
 			release()
-			c.metrics.forwarded(info, reason)
-			forward.ServeHTTP(w, r)
+			c.forward(w, r, info, reason, forward)
 		}
 		res := c.cfg.Reviewer.Review(r, info)
 		switch res.Verdict {

@@ -17,6 +17,8 @@ type metrics struct {
 	watchers    *prometheus.GaugeVec
 	watchEvents *prometheus.CounterVec
 	watchEnds   *prometheus.CounterVec
+	// Watches forwarded with their timeout capped (forwarded.go).
+	watchesCapped *prometheus.CounterVec
 }
 
 func newMetrics(c *Cache) *metrics {
@@ -46,13 +48,19 @@ func newMetrics(c *Cache) *metrics {
 			Name: "kube_apicache_cache_watches_ended_total",
 			Help: "Client watches served from the cache that ended, by resource and reason: client (it went away, or the agent drained), timeout, relisted (the cache's own watch relisted), slow (it fell behind the event window or stopped reading), informer-stopped, too-old (it asked for a resourceVersion older than the window: 410 Gone), resource-version-went-back (the upstream's resourceVersion went back: 410 Gone, the client relists).",
 		}, []string{"resource", "reason"}),
+		watchesCapped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_cache_watches_forwarded_capped_total",
+			Help: "Client watches forwarded only because the resource's cache was not ready yet (starting, or its own watch broken), whose timeoutSeconds the agent capped at 60 to 90 seconds so that they come back to be served from the cache, by resource.",
+		}, []string{"resource"}),
 	}
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
 	return errors.Join(reg.Register(m.requests), reg.Register(m.starts), reg.Register(m.stops), reg.Register(m.state),
-		reg.Register(m.watchers), reg.Register(m.watchEvents), reg.Register(m.watchEnds))
+		reg.Register(m.watchers), reg.Register(m.watchEvents), reg.Register(m.watchEnds), reg.Register(m.watchesCapped))
 }
+
+func (m *metrics) watchCapped(resource string) { m.watchesCapped.WithLabelValues(resource).Inc() }
 
 // watchStarted counts a watch r serves until the returned function is
 // called with the reason it ended. While it runs, r is in use: an idle

@@ -91,7 +91,8 @@ func (c *Cache) manage(ctx context.Context, r *resource, dc discovery.DiscoveryI
 func (c *Cache) start(ctx context.Context, r *resource, dc discovery.DiscoveryInterface) func(why string) {
 	logger := klog.FromContext(ctx).WithValues("resource", r.label)
 	inf := newInformer(r)
-	r.lastUsed.Store(c.clock.Now().UnixNano())
+	inf.started = c.clock.Now()
+	r.lastUsed.Store(inf.started.UnixNano())
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	custom := c.crds != nil && c.crds.wanted[r.spec.GroupResource()]

@@ -102,6 +102,10 @@ type informer struct {
 	// the Store replace count that a watch-list's initial events reach.
 	watchState   atomic.Uint64
 	needReplaces atomic.Uint64
+	// watchOpened: a watch of this informer has opened at least once.
+	watchOpened atomic.Bool
+	// started is when the informer started; fixed by its starter.
+	started time.Time
 }
 
 func newResource(spec ResourceSpec, nodeName string) *resource {
@@ -376,6 +380,7 @@ func (h *healthListerWatcher) WatchWithContext(ctx context.Context, opts metav1.
 		h.r.needReplaces.Store(h.r.store.Replaces() + 1)
 	}
 	h.r.watchState.Store(gen<<1 | 1)
+	h.r.watchOpened.Store(true)
 	hw := &healthWatch{inner: w, out: make(chan watch.Event), done: make(chan struct{}),
 		initial: initial, logger: klog.FromContext(ctx).WithValues("resource", h.r.label)}
 	if !initial {
