@@ -60,9 +60,9 @@ const (
 	// The most a watch through the agent may add to an event's latency.
 	latencyP50Target = 2 * time.Millisecond
 	latencyP99Target = 10 * time.Millisecond
-	// memoryTarget is the most the agent's heap with many watchers may
-	// be, less watcherAllowance per watcher, as a multiple of its heap
-	// with one (less one allowance).
+	// memoryTarget is the most many watchers may add to the agent's heap
+	// (over its heap with none), less watcherAllowance per watcher, as a
+	// multiple of what one watcher adds, less one allowance.
 	memoryTarget = 1.2
 	// watcherAllowance is what each served watch holds by design
 	// (cache/watch.go): its writer's 32 KiB bufio buffer and a batch of
@@ -689,12 +689,27 @@ func (mem *memoryResult) print() {
 	fmt.Printf("  no watcher %s, 1 watcher %s, %d watchers %s\n", mib(mem.none), mib(mem.one), mem.n, mib(mem.all))
 	perWatcher := (mem.all - mem.one) / float64(mem.n-1)
 	fmt.Printf("  each watcher beyond the first: %.0f bytes, of which %d allowed (32 KiB writer buffer and a batch of 64 event pointers)\n", perWatcher, watcherAllowance)
-	one := mem.one - watcherAllowance
-	all := mem.all - float64(mem.n*watcherAllowance)
+	// What the watchers add to the heap with none, less what each holds
+	// by design: the shared cost, which must not grow with their number.
+	one := mem.one - mem.none - watcherAllowance
+	all := mem.all - mem.none - float64(mem.n*watcherAllowance)
+	fmt.Printf("  added by 1 watcher: %.0f bytes - %d allowed = %.0f; by %d watchers: %.0f bytes - %d×%d allowed = %.0f\n",
+		mem.one-mem.none, watcherAllowance, one, mem.n, mem.all-mem.none, mem.n, watcherAllowance, all)
+	if one <= 0 {
+		// One watcher added no more than its allowance: no ratio, and
+		// at most 1.2× nothing is nothing.
+		word := "meets"
+		if all > 0 {
+			word = "misses"
+		}
+		fmt.Printf("%s: 1 watcher added %.0f bytes beyond its allowance, so %d watchers may add none; they added %.0f (target at most %g× one): %s\n",
+			memoryCase, one, mem.n, all, memoryTarget, word)
+		return
+	}
 	word := "meets"
 	if all > memoryTarget*one {
 		word = "misses"
 	}
-	fmt.Printf("%s: %d watchers/1 watcher, less %d bytes each: %.3f× (target at most %g×): %s\n",
+	fmt.Printf("%s: %d watchers/1 watcher, beyond the heap with none and %d bytes each: %.3f× (target at most %g×): %s\n",
 		memoryCase, mem.n, watcherAllowance, all/one, memoryTarget, word)
 }
