@@ -307,8 +307,9 @@ func formCases(nsSvcs, svcRV string) []formCase {
 		{name: "watch-list from N", query: wl + "&resourceVersion=" + svcRV, added: 3, bookmark: true, hit: true},
 		{name: "watch-list by label", query: wl + "&labelSelector=tier%21%3Db", added: 2, bookmark: true, hit: true},
 		// RequestInfo names the object a metadata.name selector picks: a
-		// watch of one object, which the cache forwards.
-		{name: "watch-list by name", query: wl + "&fieldSelector=metadata.name%3Dsvc-b", added: 1, bookmark: true},
+		// watch of one object, which the cache serves (only the
+		// deprecated /watch/.../<name> path form is forwarded).
+		{name: "watch-list by name", query: wl + "&fieldSelector=metadata.name%3Dsvc-b", added: 1, bookmark: true, hit: true},
 		{name: "initial events without bookmarks", query: "&sendInitialEvents=true&resourceVersionMatch=NotOlderThan", added: 3, hit: true},
 		{name: "sendInitialEvents=false from N", query: "&sendInitialEvents=false&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&resourceVersion=" + svcRV},
 		{name: "sendInitialEvents=false, RV unset", query: "&sendInitialEvents=false&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"},

@@ -108,10 +108,12 @@ type watchForm struct {
 // served from the agent's cache. Given the agent caching this node's pods
 // and services, and a pod allowed to watch them, when every watch form
 // kube-apiserver serves is opened through the agent and directly at once
-// and a randomized churn of 2,000 writes (creates, updates, label flips
-// that move objects in and out of a selector, deletes) runs on services,
-// pods of this node and a custom resource (its selectable field too), then each pair of streams carries the same
-// events (type, whole object, resourceVersion) in the same order; and
+// and a randomized churn (creates, updates, label flips that move objects
+// in and out of a selector, deletes) runs on services, pods of this node
+// and a custom resource (its selectable field too) until kube-apiserver
+// has sent at least 2,000 events of them, then each pair of streams
+// carries the same events (type, whole object, resourceVersion) in the
+// same order; and
 // kube-apiserver holds no more watches for 50 clients each watching this
 // node's pods, services and endpointslices through the agent, where
 // directly they cost it 150.
@@ -175,14 +177,34 @@ func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 		t.Errorf("the agent answered %v of the %d watches from its cache", hits, len(forms))
 	}
 
-	// When 2,000 writes churn services and this node's pods.
-	start := time.Now()
-	const writes = 2000
-	for range writes {
-		w.step(t, ctx)
+	// When writes churn services, this node's pods and widgets until
+	// kube-apiserver has sent at least 2,000 events of them (a label flip
+	// to the value it has, or a delete of what is gone, makes none),
+	// counted on the direct watches of each whole collection.
+	const minEvents, maxWrites = 2000, 6000
+	everything := map[string]bool{"services from N": true, "widgets from N": true, "node pods from N": true}
+	churned := func() int {
+		n := 0
+		for i, f := range forms {
+			if !everything[f.name] {
+				continue
+			}
+			evs, _ := streams[i].direct.snapshot()
+			for _, ev := range evs {
+				n += boolInt(ev.Type != "BOOKMARK")
+			}
+		}
+		return n
 	}
-	figuref(t, "watch forms: %d writes (%d creates, %d updates, %d label flips, %d deletes) in %s",
-		writes, w.creates, w.updates, w.flips, w.deletes, time.Since(start).Round(time.Millisecond))
+	start := time.Now()
+	writes := 0
+	for writes < maxWrites && churned() < minEvents {
+		for range 100 {
+			w.step(t, ctx)
+			writes++
+		}
+	}
+	took := time.Since(start)
 
 	// Then, once every stream has been quiet for two seconds, each pair
 	// carries the same events.
@@ -200,6 +222,12 @@ func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)
+	}
+	events := churned()
+	figuref(t, "watch forms: %d writes (%d creates, %d updates, %d label flips, %d deletes) in %s made %d events",
+		writes, w.creates, w.updates, w.flips, w.deletes, took.Round(time.Millisecond), events)
+	if events < minEvents {
+		t.Errorf("%d writes made %d events, want at least %d", writes, events, minEvents)
 	}
 	total := 0
 	for i, f := range forms {
