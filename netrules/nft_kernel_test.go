@@ -195,7 +195,9 @@ func serve(t *testing.T, addr netip.AddrPort, name string) net.Listener {
 // the listener that answered, or the error, and the connection's source.
 func dial(t *testing.T, from, home netns.NsHandle, addr netip.AddrPort, mark int) (string, netip.AddrPort) {
 	t.Helper()
-	d := net.Dialer{Timeout: time.Second}
+	// Generous: on a loaded machine a first SYN can take its one-second
+	// retransmission; what answers, not how fast, is what is checked.
+	d := net.Dialer{Timeout: 5 * time.Second}
 	if mark != 0 {
 		d.Control = func(_, _ string, c syscall.RawConn) error {
 			var serr error
@@ -218,7 +220,7 @@ func dial(t *testing.T, from, home netns.NsHandle, addr netip.AddrPort, mark int
 		return "error: " + err.Error(), netip.AddrPort{}
 	}
 	defer c.Close()
-	must(t, c.SetDeadline(time.Now().Add(2*time.Second)))
+	must(t, c.SetDeadline(time.Now().Add(5*time.Second)))
 	b, err := io.ReadAll(c)
 	if err != nil {
 		return "error: " + err.Error(), netip.AddrPort{}
@@ -364,6 +366,7 @@ func TestNFTRedirectKernel(t *testing.T) {
 				// agent.
 				live()
 				expect("node, live", self, 0, "agent")
+				live()
 				src := expect("pod, live", pod, 0, "agent")
 
 				// The pod's attempt is in the seen set, expiring.
