@@ -290,6 +290,14 @@ func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 			t.Errorf("%d direct watches of %s show as %v in kube-apiserver's gauge: the measure does not see them", clients, res, directCost[res])
 		}
 	}
+	// The agent itself holds exactly one watch upstream for each.
+	held := sumBy(scrapeAgent(t, ctx, agent)["kube_apicache_cache_upstream_watches"], "resource")
+	for _, res := range []string{"pods", "services", "endpointslices.discovery.k8s.io"} {
+		if held[res] != 1 {
+			t.Errorf("the agent holds %v upstream watches of %s, want exactly 1 (all: %v)", held[res], res, held)
+		}
+	}
+	figuref(t, "upstream watches the agent holds itself, by resource: %v", held)
 }
 
 // comparable returns the parts of the two streams of form f that must be
