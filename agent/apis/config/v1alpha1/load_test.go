@@ -150,8 +150,10 @@ func TestFieldsNameDistinctFlags(t *testing.T) {
 	}
 }
 
-// The ConfigMap the manifests ship holds a valid AgentConfiguration.
-func TestShippedConfig(t *testing.T) {
+// shippedConfig decodes the AgentConfiguration of the ConfigMap in
+// manifests/config.yaml.
+func shippedConfig(t *testing.T) *AgentConfiguration {
+	t.Helper()
 	raw, err := os.ReadFile("../../../../manifests/config.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -164,6 +166,12 @@ func TestShippedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatalf("manifests/config.yaml: %v", err)
 	}
+	return c
+}
+
+// The ConfigMap the manifests ship holds a valid AgentConfiguration.
+func TestShippedConfig(t *testing.T) {
+	c := shippedConfig(t)
 	if c.Interception.Enabled == nil || !*c.Interception.Enabled {
 		t.Errorf("the shipped configuration does not intercept")
 	}
@@ -173,19 +181,8 @@ func TestShippedConfig(t *testing.T) {
 // shipped ConfigMap: an operator who edits that field must see the edit
 // take effect.
 func TestShippedDaemonSetOverridesNothing(t *testing.T) {
-	raw, err := os.ReadFile("../../../../manifests/config.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cm corev1.ConfigMap
-	if err := yaml.UnmarshalStrict(raw, &cm); err != nil {
-		t.Fatal(err)
-	}
-	c, err := Decode([]byte(cm.Data["config.yaml"]))
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err = os.ReadFile("../../../../manifests/daemonset.yaml")
+	c := shippedConfig(t)
+	raw, err := os.ReadFile("../../../../manifests/daemonset.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
