@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -187,45 +188,63 @@ func (r *informer) barrierState(now time.Time, wait time.Duration) (rv uint64, r
 }
 
 // resolve finds the resource's version, kind and scope with discovery.
+// Without a version in the spec it takes the group's preferred version, or,
+// for a resource that version does not serve (a beta resource of a group
+// whose preferred version is GA, such as certificates.k8s.io's
+// clustertrustbundles), the first version in the server's order of
+// preference that serves it, as kubectl and ServerPreferredResources do.
 func (r *informer) resolve(dc discovery.DiscoveryInterface) error {
-	version := r.spec.Version
-	if version == "" {
+	versions := []string{r.spec.Version}
+	if r.spec.Version == "" {
 		groups, err := dc.ServerGroups()
 		if err != nil {
 			return fmt.Errorf("discovering API groups: %w", err)
 		}
+		versions = nil
 		for _, g := range groups.Groups {
-			if g.Name == r.spec.Group {
-				version = g.PreferredVersion.Version
+			if g.Name != r.spec.Group {
+				continue
+			}
+			versions = append(versions, g.PreferredVersion.Version)
+			for _, v := range g.Versions {
+				if v.Version != g.PreferredVersion.Version {
+					versions = append(versions, v.Version)
+				}
 			}
 		}
-		if version == "" {
+		if len(versions) == 0 {
 			return fmt.Errorf("API group %q is not served", r.spec.Group)
 		}
 	}
-	gv := schema.GroupVersion{Group: r.spec.Group, Version: version}
-	list, err := dc.ServerResourcesForGroupVersion(gv.String())
-	if err != nil {
-		return fmt.Errorf("discovering %s: %w", gv, err)
+	for _, version := range versions {
+		gv := schema.GroupVersion{Group: r.spec.Group, Version: version}
+		list, err := dc.ServerResourcesForGroupVersion(gv.String())
+		if err != nil {
+			return fmt.Errorf("discovering %s: %w", gv, err)
+		}
+		for _, ar := range list.APIResources {
+			if ar.Name != r.spec.Resource {
+				continue
+			}
+			if !hasVerbs(ar.Verbs, "get", "list", "watch") {
+				return fmt.Errorf("%s %s does not support get, list and watch", gv, ar.Name)
+			}
+			r.gvr = gv.WithResource(ar.Name)
+			r.gvk = gv.WithKind(ar.Kind)
+			r.namespaced = ar.Namespaced
+			r.builtin = scheme.Scheme.Recognizes(r.gvk)
+			r.fields = fieldLabelsFor(r.gvr.GroupResource(), r.builtin, r.namespaced)
+			if !r.builtin {
+				return r.resolveCRD()
+			}
+			return nil
+		}
 	}
-	for _, ar := range list.APIResources {
-		if ar.Name != r.spec.Resource {
-			continue
-		}
-		if !hasVerbs(ar.Verbs, "get", "list", "watch") {
-			return fmt.Errorf("%s %s does not support get, list and watch", gv, ar.Name)
-		}
-		r.gvr = gv.WithResource(ar.Name)
-		r.gvk = gv.WithKind(ar.Kind)
-		r.namespaced = ar.Namespaced
-		r.builtin = scheme.Scheme.Recognizes(r.gvk)
-		r.fields = fieldLabelsFor(r.gvr.GroupResource(), r.builtin, r.namespaced)
-		if !r.builtin {
-			return r.resolveCRD()
-		}
-		return nil
+	gvs := make([]string, len(versions))
+	for i, v := range versions {
+		gvs[i] = schema.GroupVersion{Group: r.spec.Group, Version: v}.String()
 	}
-	return fmt.Errorf("%s does not serve %s", gv, r.spec.Resource)
+	return fmt.Errorf("%s does not serve %s", strings.Join(gvs, ", "), r.spec.Resource)
 }
 
 func hasVerbs(have metav1.Verbs, want ...string) bool {
