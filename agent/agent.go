@@ -759,20 +759,21 @@ func (a *Agent) newCache() error {
 		return fmt.Errorf("registering review metrics: %w", err)
 	}
 	a.cache, err = apicache.New(apicache.Config{
-		NodeName:               a.cfg.NodeName,
-		Resources:              a.cfg.CacheResources,
-		RESTConfig:             a.restConfig(),
-		Reviewer:               reviewer,
-		WaitTimeout:            a.cfg.CacheWaitTimeout,
-		ForwardConsistentReads: a.cfg.CacheForwardConsistentReads,
-		AsNode:                 a.cfg.CacheAsNode,
-		OnDemand:               true,
-		Pinned:                 a.cfg.CachePinnedResources,
-		IdleTimeout:            a.cfg.CacheIdleTimeout,
-		HistoryEvents:          a.cfg.CacheHistoryEvents,
-		HistoryBytes:           a.cfg.CacheHistoryBytes,
-		MaxInFlightPerSource:   a.cfg.Limits.withDefaults().MaxCacheRequestsPerSource,
-		Registerer:             a.metrics.registry,
+		NodeName:             a.cfg.NodeName,
+		Resources:            a.cfg.CacheResources,
+		RESTConfig:           a.restConfig(),
+		Reviewer:             reviewer,
+		WaitTimeout:          a.cfg.CacheWaitTimeout,
+		ConsistentReads:      a.cfg.CacheConsistentReads,
+		ProbeMaxObjects:      a.cfg.CacheProbeMaxObjects,
+		AsNode:               a.cfg.CacheAsNode,
+		OnDemand:             true,
+		Pinned:               a.cfg.CachePinnedResources,
+		IdleTimeout:          a.cfg.CacheIdleTimeout,
+		HistoryEvents:        a.cfg.CacheHistoryEvents,
+		HistoryBytes:         a.cfg.CacheHistoryBytes,
+		MaxInFlightPerSource: a.cfg.Limits.withDefaults().MaxCacheRequestsPerSource,
+		Registerer:           a.metrics.registry,
 	})
 	if err != nil {
 		return err

@@ -177,9 +177,12 @@ type Config struct {
 	// CacheWaitTimeout bounds how long a read waits for the cache to reach
 	// the resourceVersion it needs before it is forwarded.
 	CacheWaitTimeout time.Duration
-	// CacheForwardConsistentReads forwards every read with
-	// resourceVersion="" instead of answering it from the cache.
-	CacheForwardConsistentReads bool
+	// CacheConsistentReads says how reads with resourceVersion unset are
+	// answered (cache.ConsistentProbe when empty).
+	CacheConsistentReads cache.ConsistentReads
+	// CacheProbeMaxObjects bounds the scopes consistent reads probe
+	// (cache.Config.ProbeMaxObjects).
+	CacheProbeMaxObjects int
 	// CacheAsNode watches this node's pods and Node as the node
 	// (constrained impersonation of system:node:<NodeName>) rather than as
 	// the agent, whose RBAC then needs no pods or nodes at all.

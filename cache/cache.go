@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,16 @@ func New(cfg Config) (*Cache, error) {
 	if cfg.WaitTimeout <= 0 {
 		cfg.WaitTimeout = DefaultWaitTimeout
 	}
+	switch cfg.ConsistentReads {
+	case "":
+		cfg.ConsistentReads = ConsistentProbe
+	case ConsistentProbe, ConsistentLocalWrites, ConsistentForward:
+	default:
+		return nil, fmt.Errorf("cache: consistent reads %q: must be one of %s", cfg.ConsistentReads, strings.Join(ConsistentReadModes, ", "))
+	}
+	if cfg.ProbeMaxObjects == 0 {
+		cfg.ProbeMaxObjects = DefaultProbeMaxObjects
+	}
 	if cfg.MaxInFlightPerSource == 0 {
 		cfg.MaxInFlightPerSource = DefaultMaxInFlightPerSource
 	}
@@ -78,6 +89,9 @@ func New(cfg Config) (*Cache, error) {
 		c.byGR[spec.GroupResource()] = r
 	}
 	c.metrics = newMetrics(c)
+	for _, r := range c.resources {
+		r.metrics = c.metrics
+	}
 	if cfg.Registerer != nil {
 		if err := c.metrics.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("registering cache metrics: %w", err)
@@ -302,6 +316,14 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 		return ""
 	case p.mode == rvNotOlderThan:
 		want = p.minRV
+	case p.mode == rvConsistent && c.cfg.ConsistentReads == ConsistentProbe && (p.verb != "watch" || p.initialEvents):
+		// A plain watch with resourceVersion unset starts from any recent
+		// state in kube-apiserver too; a watch-list's initial state is a
+		// consistent read.
+		if !p.res.healthy() {
+			return reasonUnhealthy
+		}
+		return c.awaitProbe(ctx, p.res)
 	case p.mode == rvConsistent:
 		if !p.res.healthy() {
 			return reasonUnhealthy
@@ -331,6 +353,35 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 		}
 		return reasonTooNew
 	}
+	return ""
+}
+
+// awaitProbe waits (bounded) for a probe of res that started after the
+// read arrived, then for the Store to hold at least the probed state
+// (probe.go), and returns a reason to forward if it does not.
+func (c *Cache) awaitProbe(ctx context.Context, res *informer) string {
+	if res.prober == nil {
+		return reasonConsistent
+	}
+	if max := c.cfg.ProbeMaxObjects; max > 0 && res.store.Len() > max {
+		return reasonProbeTooLarge
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
+	defer cancel()
+	start := c.now()
+	result, err := res.prober.await(ctx)
+	if err != nil {
+		c.metrics.probeWait(res.label, "probe-failed", c.now().Sub(start))
+		return reasonProbeFailed
+	}
+	if !res.store.awaitCurrent(ctx, result) {
+		c.metrics.probeWait(res.label, "behind", c.now().Sub(start))
+		if res.stopped.Load() {
+			return reasonNotSynced
+		}
+		return reasonProbeBehind
+	}
+	c.metrics.probeWait(res.label, "current", c.now().Sub(start))
 	return ""
 }
 

@@ -47,6 +47,9 @@ const (
 	reasonInvalidOptions  = "invalid-options"
 	reasonOutOfScope      = "out-of-scope"
 	reasonConsistent      = "consistent-read"
+	reasonProbeFailed     = "consistent-probe-failed"
+	reasonProbeBehind     = "consistent-probe-behind"
+	reasonProbeTooLarge   = "consistent-probe-too-large"
 	reasonUnhealthy       = "watch-unhealthy"
 	reasonBarrier         = "write-barrier-timeout"
 	reasonRecentWrite     = "recent-write"
@@ -280,7 +283,7 @@ func (c *Cache) rvModeOf(rv string, match metav1.ResourceVersionMatch, limit int
 	case match != "" && match != metav1.ResourceVersionMatchNotOlderThan:
 		return 0, 0, reasonInvalidOptions
 	case rv == "":
-		if c.cfg.ForwardConsistentReads {
+		if c.cfg.ConsistentReads == ConsistentForward {
 			return 0, 0, reasonConsistent
 		}
 		return rvConsistent, 0, ""

@@ -31,6 +31,29 @@ const DefaultIdleTimeout = 10 * time.Minute
 // resourceVersion it needs before it is forwarded instead.
 const DefaultWaitTimeout = time.Second
 
+// ConsistentReads says how reads with resourceVersion unset are answered.
+type ConsistentReads string
+
+const (
+	// ConsistentProbe answers a consistent read from the cache only once a
+	// probe of kube-apiserver has shown that the cache holds at least the
+	// current state (probe.go): linearizable, as kube-apiserver's own.
+	ConsistentProbe ConsistentReads = "probe"
+	// ConsistentLocalWrites answers a consistent read once the cache has
+	// seen every write this agent relayed (the read-your-writes barrier),
+	// without asking kube-apiserver: a write made elsewhere a moment
+	// earlier may not be seen yet.
+	ConsistentLocalWrites ConsistentReads = "local-writes"
+	// ConsistentForward forwards every consistent read.
+	ConsistentForward ConsistentReads = "forward"
+)
+
+// ConsistentReadModes are the valid ConsistentReads values.
+var ConsistentReadModes = []string{string(ConsistentProbe), string(ConsistentLocalWrites), string(ConsistentForward)}
+
+// DefaultProbeMaxObjects is the default Config.ProbeMaxObjects.
+const DefaultProbeMaxObjects = 2000
+
 // ResourceSpec names one resource to cache.
 type ResourceSpec struct {
 	Group    string
@@ -147,9 +170,15 @@ type Config struct {
 	// WaitTimeout bounds waits for the cache to catch up with a requested
 	// or written resourceVersion.
 	WaitTimeout time.Duration
-	// ForwardConsistentReads forwards every read with resourceVersion=""
-	// instead of answering it after the read-your-writes barrier.
-	ForwardConsistentReads bool
+	// ConsistentReads says how reads with resourceVersion unset are
+	// answered; empty means ConsistentProbe.
+	ConsistentReads ConsistentReads
+	// ProbeMaxObjects: with ConsistentProbe, a consistent read of a
+	// resource whose cached scope holds more objects than this is
+	// forwarded, since the probe (the metadata of every object in the
+	// scope) would cost kube-apiserver about as much as the read. Zero
+	// means DefaultProbeMaxObjects; negative means no bound.
+	ProbeMaxObjects int
 	// MaxInFlightPerSource bounds the requests from one source (client
 	// IP) the cache is deciding on at once (reviews and resourceVersion
 	// waits); past it the source's requests are forwarded. Zero means

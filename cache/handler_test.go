@@ -38,6 +38,11 @@ func (f *stubReviewer) Review(*http.Request, *request.RequestInfo) access.Result
 // testInformer makes a running informer of r, to be filled by hand.
 func testInformer(r *resource) *informer {
 	inf := newInformer(r)
+	// Nothing is written behind the tests' backs: kube-apiserver's state
+	// is the Store's, at its resourceVersion.
+	inf.prober = &prober{list: func(context.Context) probeResult {
+		return probeResult{rv: inf.store.ResourceVersion()}
+	}}
 	r.current.Store(inf)
 	return inf
 }
@@ -271,6 +276,8 @@ func TestHandlerErrors(t *testing.T) {
 // consistent read waits for the writes this agent forwarded.
 func TestHandlerResourceVersion(t *testing.T) {
 	tc := newHandlerCache(t)
+	// The read-your-writes barrier of --cache-consistent-reads=local-writes.
+	tc.cfg.ConsistentReads = ConsistentLocalWrites
 	if got := tc.get(t, "/api/v1/namespaces/ns/services?resourceVersion=12&resourceVersionMatch=NotOlderThan"); !got.forwarded() {
 		t.Errorf("RV ahead of the cache: %d, want forwarded after the wait", got.code)
 	}
@@ -369,12 +376,12 @@ func TestObserveWriteKeepsBody(t *testing.T) {
 	}
 }
 
-// TestHandlerForwardConsistentReads: with ForwardConsistentReads, reads
+// TestHandlerForwardConsistentReads: with ConsistentForward, reads
 // with resourceVersion unset go upstream and are never reviewed; RV=0
 // reads are still answered.
 func TestHandlerForwardConsistentReads(t *testing.T) {
 	tc := newHandlerCache(t)
-	tc.cfg.ForwardConsistentReads = true
+	tc.cfg.ConsistentReads = ConsistentForward
 	if got := tc.get(t, "/api/v1/namespaces/ns/services/s1"); !got.forwarded() || tc.reviewer.calls.Load() != 0 {
 		t.Errorf("consistent read: %d (reviews %d), want forwarded unreviewed", got.code, tc.reviewer.calls.Load())
 	}

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apiserver/pkg/endpoints/request"
@@ -19,6 +20,10 @@ type metrics struct {
 	watchEnds   *prometheus.CounterVec
 	// Watches forwarded with their timeout capped (forwarded.go).
 	watchesCapped *prometheus.CounterVec
+	// Consistent-read probes (probe.go) and the reads that waited.
+	probes        *prometheus.CounterVec
+	probeDuration *prometheus.HistogramVec
+	probeWaits    *prometheus.HistogramVec
 }
 
 func newMetrics(c *Cache) *metrics {
@@ -52,12 +57,45 @@ func newMetrics(c *Cache) *metrics {
 			Name: "kube_apicache_cache_watches_forwarded_capped_total",
 			Help: "Client watches forwarded only because the resource's cache was not ready yet (starting, or its own watch broken), whose timeoutSeconds the agent capped at 60 to 90 seconds so that they come back to be served from the cache, by resource.",
 		}, []string{"resource"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_cache_consistent_probes_total",
+			Help: "Probes of kube-apiserver's current state for consistent reads (a metadata-only consistent list of the cached scope; at most one in flight per resource, shared by every read that waits for it), by resource and result (ok, error).",
+		}, []string{"resource", "result"}),
+		probeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kube_apicache_cache_consistent_probe_duration_seconds",
+			Help:    "How long consistent-read probes took, by resource.",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
+		}, []string{"resource"}),
+		probeWaits: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kube_apicache_cache_consistent_read_wait_seconds",
+			Help:    "How long consistent reads waited for a probe and for the cache to hold the probed state, by resource and outcome (current: answered from the cache; behind: the cache did not catch up within the wait, forwarded; probe-failed: forwarded).",
+			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
+		}, []string{"resource", "outcome"}),
 	}
+}
+
+// probeDone returns the observer of one resource's probes.
+func (m *metrics) probeDone(resource string) func(time.Duration, error) {
+	ok, failed := m.probes.WithLabelValues(resource, "ok"), m.probes.WithLabelValues(resource, "error")
+	d := m.probeDuration.WithLabelValues(resource)
+	return func(took time.Duration, err error) {
+		if err != nil {
+			failed.Inc()
+		} else {
+			ok.Inc()
+		}
+		d.Observe(took.Seconds())
+	}
+}
+
+func (m *metrics) probeWait(resource, outcome string, took time.Duration) {
+	m.probeWaits.WithLabelValues(resource, outcome).Observe(took.Seconds())
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
 	return errors.Join(reg.Register(m.requests), reg.Register(m.starts), reg.Register(m.stops), reg.Register(m.state),
-		reg.Register(m.watchers), reg.Register(m.watchEvents), reg.Register(m.watchEnds), reg.Register(m.watchesCapped))
+		reg.Register(m.watchers), reg.Register(m.watchEvents), reg.Register(m.watchEnds), reg.Register(m.watchesCapped),
+		reg.Register(m.probes), reg.Register(m.probeDuration), reg.Register(m.probeWaits))
 }
 
 func (m *metrics) watchCapped(resource string) { m.watchesCapped.WithLabelValues(resource).Inc() }

@@ -27,6 +27,8 @@ import (
 type Object struct {
 	// key is namespace/name, or name for cluster-scoped objects.
 	key string
+	// rv is the object's resourceVersion (0 if it had none).
+	rv uint64
 	// labels are the object's labels, packed.
 	labels packed
 	// fieldKeys and fieldValues are the resource's field labels other than

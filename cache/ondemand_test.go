@@ -338,6 +338,8 @@ func TestWouldServe(t *testing.T) {
 // the next informer, whose first list may be older than the write.
 func TestBarrierOutlivesInformer(t *testing.T) {
 	tc := newHandlerCache(t)
+	// The read-your-writes barrier of --cache-consistent-reads=local-writes.
+	tc.cfg.ConsistentReads = ConsistentLocalWrites
 	tc.services.resource.noteWrite(20, true, time.Now(), time.Now())
 	old := tc.services
 	old.stop()

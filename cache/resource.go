@@ -49,6 +49,8 @@ type resource struct {
 	pinned bool
 	// historyEvents and historyBytes bound each Store's event window.
 	historyEvents, historyBytes int
+	// metrics are the cache's; nil in tests that build resources alone.
+	metrics *metrics
 	// demand wakes the resource's manager when a read would start its
 	// informer; it holds at most one wake-up.
 	demand chan struct{}
@@ -107,6 +109,9 @@ type informer struct {
 	watchOpened atomic.Bool
 	// started is when the informer started; fixed by its starter.
 	started time.Time
+	// prober probes kube-apiserver for consistent reads (probe.go); set
+	// before ready, nil if the probe client could not be made.
+	prober *prober
 }
 
 func newResource(spec ResourceSpec, nodeName string) *resource {
@@ -330,6 +335,14 @@ func (r *informer) run(ctx context.Context, cfg *rest.Config, dc discovery.Disco
 	if err != nil {
 		logger.Error(err, "Cannot watch resource; its requests are forwarded")
 		return
+	}
+	if list, err := r.metadataProbe(cfg); err != nil {
+		logger.Error(err, "Cannot probe resource; its consistent reads are forwarded")
+	} else {
+		r.prober = &prober{list: list}
+		if r.metrics != nil {
+			r.prober.observe = r.metrics.probeDone(r.label)
+		}
 	}
 	r.store = NewStore(attrsFor(r.fields, r.namespaced), r.prepare, r.changed(onChange))
 	r.store.SetHistoryBounds(r.historyEvents, r.historyBytes)

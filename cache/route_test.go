@@ -152,6 +152,8 @@ func TestObserveWriteBarrier(t *testing.T) {
 // after maxBarrierAge the barrier is dropped and reads are answered again.
 func TestBarrierNeverReached(t *testing.T) {
 	tc := newHandlerCache(t)
+	// The read-your-writes barrier of --cache-consistent-reads=local-writes.
+	tc.cfg.ConsistentReads = ConsistentLocalWrites
 	now := time.Now()
 	tc.now = func() time.Time { return now }
 	tc.ObserveWrite(forwardedWrite(t, "/api/v1/namespaces/ns/services/s1", "PUT",

@@ -154,6 +154,7 @@ func (s *Store) newObject(item any) (*Object, uint64, error) {
 	if err != nil {
 		return nil, 0, err
 	}
+	o.rv = rv
 	return o, rv, nil
 }
 
@@ -317,6 +318,38 @@ func (s *Store) UpdateResourceVersion(resourceVersion string) {
 	if changed && s.onChange != nil {
 		s.onChange()
 	}
+}
+
+// Changed returns a channel closed at the Store's next change (an event,
+// a list, a new RV or Close), and whether the Store is closed already.
+func (s *Store) Changed() (<-chan struct{}, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.rvChanged, s.closed
+}
+
+// Matches reports whether the Store is synced and holds at least the state
+// at rv: its RV is rv or later, or it holds exactly the objects of versions
+// (key → resourceVersion, the upstream's state at rv), each at that
+// resourceVersion.
+func (s *Store) Matches(rv uint64, versions map[string]uint64) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if !s.synced {
+		return false
+	}
+	if s.rv >= rv {
+		return true
+	}
+	if len(s.objects) != len(versions) {
+		return false
+	}
+	for key, o := range s.objects {
+		if v, ok := versions[key]; !ok || v != o.rv {
+			return false
+		}
+	}
+	return true
 }
 
 // Synced reports whether the Store has been filled by a list or the

@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -50,11 +51,14 @@ type options struct {
 	upstreams     []string
 	socketMark    uint32
 	cacheSpec     string
-	pinnedSpec    string
-	clusterCIDRs  []string
-	interception  bool
-	version       bool
-	config        configFile
+	// forwardConsistentReads is the deprecated --cache-forward-consistent-reads.
+	forwardConsistentReads bool
+	consistentReads        string
+	pinnedSpec             string
+	clusterCIDRs           []string
+	interception           bool
+	version                bool
+	config                 configFile
 }
 
 func newCommand() *cobra.Command {
@@ -154,7 +158,10 @@ overrides.`,
 	fs.StringVar(&o.cacheSpec, "cache-resources", cache.DefaultResources, "Resources whose get and list requests are answered from the node-local cache, as RESOURCE[.GROUP][/VERSION] (custom resources included); pods and nodes are cached for this node only. Secrets are cached only if listed. Empty disables the cache.")
 	fs.StringVar(&o.pinnedSpec, "cache-pinned-resources", "", "Resources of --cache-resources (same syntax) watched from start-up. Every other cached resource is watched only from the first read of it by a caller allowed to make it (that read, and the next ones until the watch has synced, are forwarded) until --cache-idle-timeout passes without such a read.")
 	fs.DurationVar(&c.CacheWaitTimeout, "cache-wait-timeout", cache.DefaultWaitTimeout, "How long a read waits for the cache to reach the resourceVersion it needs (a requested one, or a write this agent forwarded) before it is forwarded instead.")
-	fs.BoolVar(&c.CacheForwardConsistentReads, "cache-forward-consistent-reads", false, "Forward every read with resourceVersion=\"\" (consistent reads) instead of answering it from the cache.")
+	fs.StringVar(&o.consistentReads, "cache-consistent-reads", string(cache.ConsistentProbe), "How reads with resourceVersion unset (consistent reads) are answered. probe: from the cache once a metadata-only consistent list of the cached scope (at most one in flight per resource, shared by the reads waiting) shows that the cache holds at least kube-apiserver's current state, as linearizable as kube-apiserver's own; forwarded if it does not catch up within --cache-wait-timeout, or if the scope holds more than --cache-probe-max-objects objects. local-writes: from the cache once it has seen every write this agent forwarded, without asking kube-apiserver (a write made elsewhere a moment earlier may not be seen yet). forward: every one is forwarded.")
+	fs.IntVar(&c.CacheProbeMaxObjects, "cache-probe-max-objects", cache.DefaultProbeMaxObjects, "With --cache-consistent-reads=probe, consistent reads of a resource whose cached scope holds more objects than this are forwarded: the probe would cost kube-apiserver about as much as the read. Negative: no bound.")
+	fs.BoolVar(&o.forwardConsistentReads, "cache-forward-consistent-reads", false, "Forward every consistent read; the same as --cache-consistent-reads=forward.")
+	_ = fs.MarkDeprecated("cache-forward-consistent-reads", "use --cache-consistent-reads=forward")
 	fs.DurationVar(&c.CacheIdleTimeout, "cache-idle-timeout", cache.DefaultIdleTimeout, "How long the watch of a resource that is not pinned runs without a read it answers before it stops and its objects are dropped; 0 never stops it. It also bounds restarts: each resource is listed at most once per this period.")
 	fs.DurationVar(&c.CacheWarmupTimeout, "cache-warmup-timeout", agent.DefaultCacheWarmupTimeout, "How long, after start-up, the agent waits for the first lists of the pinned resources before it intercepts; until then pods reach kube-apiserver through kube-proxy. An agent that cannot hold them (a memory limit too low for the cluster) dies before it takes the node's traffic. 0 does not wait.")
 	fs.IntVar(&c.CacheHistoryEvents, "cache-history-events", cache.DefaultHistoryEvents, "Events each cached resource keeps for watches from a resourceVersion; a watch from before the oldest gets 410 Gone and relists (from the cache), as from kube-apiserver's watch cache.")
@@ -252,6 +259,16 @@ func (o *options) complete() error {
 	}
 	if c.CacheResources, err = cache.ParseResources(o.cacheSpec); err != nil {
 		return err
+	}
+	c.CacheConsistentReads = cache.ConsistentReads(o.consistentReads)
+	if !slices.Contains(cache.ConsistentReadModes, o.consistentReads) {
+		return fmt.Errorf("--cache-consistent-reads %q: must be one of %s", o.consistentReads, strings.Join(cache.ConsistentReadModes, ", "))
+	}
+	if o.forwardConsistentReads {
+		if c.CacheConsistentReads == cache.ConsistentLocalWrites {
+			return errors.New("--cache-forward-consistent-reads contradicts --cache-consistent-reads=local-writes")
+		}
+		c.CacheConsistentReads = cache.ConsistentForward
 	}
 	if c.CachePinnedResources, err = cache.ParsePinned(o.pinnedSpec, c.CacheResources); err != nil {
 		return err

@@ -46,6 +46,8 @@ type result struct {
 type benchCase struct {
 	name string
 	path string
+	// inflight overrides -inflight when positive.
+	inflight int
 }
 
 func (b *bench) run(ctx context.Context, agentBin string) error {
@@ -120,12 +122,12 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	// then measure every case along both paths,
 	nodeSel := "fieldSelector=" + url.QueryEscape("spec.nodeName="+sandbox.NodeName)
 	cases := []benchCase{
-		{"list node pods, RV=0", "/api/v1/pods?" + nodeSel + "&resourceVersion=0"},
-		{"list node pods, RV=\"\"", "/api/v1/pods?" + nodeSel},
-		{"get pod, RV=0", "/api/v1/namespaces/" + benchNS + "/pods/" + b.firstNodePod + "?resourceVersion=0"},
-		{"get pod, RV=\"\"", "/api/v1/namespaces/" + benchNS + "/pods/" + b.firstNodePod},
-		{"list services, RV=0", "/api/v1/services?resourceVersion=0"},
-		{"list services, RV=\"\"", "/api/v1/services"},
+		{name: "list node pods, RV=0", path: "/api/v1/pods?" + nodeSel + "&resourceVersion=0"},
+		{name: "list node pods, RV=\"\"", path: "/api/v1/pods?" + nodeSel},
+		{name: "get pod, RV=0", path: "/api/v1/namespaces/" + benchNS + "/pods/" + b.firstNodePod + "?resourceVersion=0"},
+		{name: "get pod, RV=\"\"", path: "/api/v1/namespaces/" + benchNS + "/pods/" + b.firstNodePod},
+		{name: "list services, RV=0", path: "/api/v1/services?resourceVersion=0"},
+		{name: "list services, RV=\"\"", path: "/api/v1/services"},
 	}
 	m, err := newMeasurer(b)
 	if err != nil {
@@ -188,6 +190,12 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 
 	// and the watch cases: steady churn under many informers, event
 	// latency, and the agent's heap per watcher,
+	// and consistent reads at several readers in flight,
+	consistent, err := b.consistentReads(ctx, m)
+	if err != nil {
+		return err
+	}
+
 	watches, err := b.watchCases(ctx, m)
 	if err != nil {
 		return err
@@ -235,6 +243,7 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	if b.o.storm > 0 {
 		printStorm(b.o.storm, stormAgent, stormDirect)
 	}
+	printConsistent(consistent)
 	watches.print()
 	idle.print()
 	sizing, err := b.sizing(ctx)

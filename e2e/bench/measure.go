@@ -136,7 +136,11 @@ func (m *measurer) measure(ctx context.Context, bc benchCase, viaAgent bool) (re
 		wg     sync.WaitGroup
 	)
 	next := make(chan struct{})
-	for range m.b.o.inflight {
+	inflight := m.b.o.inflight
+	if bc.inflight > 0 {
+		inflight = bc.inflight
+	}
+	for range inflight {
 		wg.Go(func() {
 			for range next {
 				d, err := get(ctx)

@@ -90,9 +90,12 @@ type CertificateConfiguration struct {
 
 // CacheConfiguration is what the node cache holds and answers.
 type CacheConfiguration struct {
-	Resources              *string          `json:"resources,omitempty" flag:"cache-resources"`
-	PinnedResources        *string          `json:"pinnedResources,omitempty" flag:"cache-pinned-resources"`
-	WaitTimeout            *metav1.Duration `json:"waitTimeout,omitempty" flag:"cache-wait-timeout"`
+	Resources       *string          `json:"resources,omitempty" flag:"cache-resources"`
+	PinnedResources *string          `json:"pinnedResources,omitempty" flag:"cache-pinned-resources"`
+	WaitTimeout     *metav1.Duration `json:"waitTimeout,omitempty" flag:"cache-wait-timeout"`
+	ConsistentReads *string          `json:"consistentReads,omitempty" flag:"cache-consistent-reads"`
+	ProbeMaxObjects *int32           `json:"probeMaxObjects,omitempty" flag:"cache-probe-max-objects"`
+	// ForwardConsistentReads is deprecated: consistentReads: forward.
 	ForwardConsistentReads *bool            `json:"forwardConsistentReads,omitempty" flag:"cache-forward-consistent-reads"`
 	IdleTimeout            *metav1.Duration `json:"idleTimeout,omitempty" flag:"cache-idle-timeout"`
 	WarmupTimeout          *metav1.Duration `json:"warmupTimeout,omitempty" flag:"cache-warmup-timeout"`
