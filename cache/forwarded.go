@@ -34,9 +34,11 @@ var (
 )
 
 // firstWatchGrace is how long a new informer counts as starting while its
-// own watch has never opened. Past it, the resource is not expected to be
-// served soon (the agent may list it but not watch it, say), and capping
-// its watches would only multiply the watches its clients open upstream.
+// own watch has never opened, and how long after its watch broke a
+// resource still counts as coming back. Past it, the resource is not
+// expected to be served soon (the agent may list it but not watch it, say),
+// and capping its watches would only multiply the watches its clients open
+// upstream.
 const firstWatchGrace = 5 * time.Minute
 
 // forward relays r upstream, for reason.
@@ -67,7 +69,18 @@ func (c *Cache) servedSoon(info *request.RequestInfo, reason string) bool {
 		return true
 	case reasonNotSynced, reasonUnhealthy:
 		inf := res.current.Load()
-		return inf != nil && (inf.watchOpened.Load() || c.clock.Since(inf.started) < firstWatchGrace)
+		if inf == nil {
+			return false
+		}
+		if inf.watchOpened.Load() {
+			// Broken for long (the agent lost watch but not list, a
+			// partition from every apiserver): no cap, or every client
+			// watch of the resource on every node would reopen upstream
+			// every minute or so for as long as it lasts.
+			down := inf.downSince.Load()
+			return down == 0 || c.clock.Since(time.Unix(0, down)) < firstWatchGrace
+		}
+		return c.clock.Since(inf.started) < firstWatchGrace
 	}
 	return false
 }

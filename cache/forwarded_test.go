@@ -56,6 +56,15 @@ func TestForwardedWatchTimeoutCapped(t *testing.T) {
 		state: func(c *Cache) { startingInformer(c, time.Now().Add(-2*firstWatchGrace)) },
 		path:  "/api/v1/pods?watch=true&allowWatchBookmarks=true" + node,
 	}, {
+		// Its watch has been broken for longer than the grace: capping
+		// would only make every client watch reopen upstream each minute.
+		name: "watch-unhealthy for long",
+		state: func(c *Cache) {
+			brokenWatch(c)
+			c.resources[0].current.Load().downSince.Store(time.Now().Add(-2 * firstWatchGrace).UnixNano())
+		},
+		path: "/api/v1/pods?watch=true&timeoutSeconds=3600&resourceVersion=100" + node,
+	}, {
 		name:  "out-of-scope: another node's pods, while the watch is broken",
 		state: brokenWatch,
 		path:  "/api/v1/pods?watch=true&fieldSelector=" + url.QueryEscape("spec.nodeName=node-b"),
@@ -119,6 +128,7 @@ func brokenWatch(c *Cache) {
 	inf := c.resources[0].current.Load()
 	inf.watchOpened.Store(true)
 	inf.watchState.Store(2 << 1)
+	inf.downSince.Store(time.Now().UnixNano())
 }
 
 // startingInformer replaces the pods' informer with one started at

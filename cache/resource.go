@@ -107,6 +107,9 @@ type informer struct {
 	needReplaces atomic.Uint64
 	// watchOpened: a watch of this informer has opened at least once.
 	watchOpened atomic.Bool
+	// downSince is when (UnixNano) the latest open watch ended; zero
+	// while none has ended.
+	downSince atomic.Int64
 	// started is when the informer started; fixed by its starter.
 	started time.Time
 	// prober probes kube-apiserver for consistent reads (probe.go); set
@@ -402,7 +405,9 @@ func (h *healthListerWatcher) Watch(opts metav1.ListOptions) (watch.Interface, e
 
 func (h *healthListerWatcher) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	gen := h.r.watchState.Load()>>1 + 1
-	h.r.watchState.Store(gen << 1)
+	if h.r.watchState.Swap(gen<<1)&1 == 1 {
+		h.r.downSince.Store(time.Now().UnixNano())
+	}
 	w, err := h.lw.WatchWithContext(ctx, opts)
 	if err != nil {
 		return nil, err
@@ -423,7 +428,7 @@ func (h *healthListerWatcher) WatchWithContext(ctx context.Context, opts metav1.
 			hw.from = rv
 		}
 	}
-	go hw.relay(&h.r.watchState, gen)
+	go hw.relay(h.r, gen)
 	return hw, nil
 }
 
@@ -452,8 +457,12 @@ type healthWatch struct {
 // upstream answers "too large resource version", then from the latest).
 // A watch-list's initial events are not checked: they come in key order,
 // and the initial-events-end bookmark gives the RV they are at.
-func (w *healthWatch) relay(state *atomic.Uint64, gen uint64) {
-	closed := func() { state.CompareAndSwap(gen<<1|1, gen<<1) }
+func (w *healthWatch) relay(r *informer, gen uint64) {
+	closed := func() {
+		if r.watchState.CompareAndSwap(gen<<1|1, gen<<1) {
+			r.downSince.Store(time.Now().UnixNano())
+		}
+	}
 	defer close(w.out)
 	defer closed()
 	last, checking := w.from, w.from > 0
