@@ -1,0 +1,166 @@
+// Package benchplot writes the benchmarks' charts (PNG, with gonum/plot)
+// and their machine-readable results (JSON) under one output directory,
+// by default _output/bench.
+package benchplot
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+)
+
+// DefaultDir is where the charts and results go unless a bench says
+// otherwise (relative to the directory make runs in).
+const DefaultDir = "_output/bench"
+
+// Dir is an output directory for one bench's charts and results.
+type Dir string
+
+// Path returns name's path in d, creating d if needed.
+func (d Dir) Path(name string) (string, error) {
+	if err := os.MkdirAll(string(d), 0o755); err != nil {
+		return "", err
+	}
+	return filepath.Join(string(d), name), nil
+}
+
+// WriteJSON writes v, indented, to name in d, and returns its path.
+func (d Dir) WriteJSON(name string, v any) (string, error) {
+	path, err := d.Path(name)
+	if err != nil {
+		return "", err
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	return path, os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// XY is one point of a line.
+type XY struct{ X, Y float64 }
+
+// Series is a named line.
+type Series struct {
+	Name   string
+	Points []XY
+}
+
+// Lines draws series as lines with points, one color each, and writes the
+// chart to name (PNG) in d.
+func (d Dir) Lines(name, title, xLabel, yLabel string, series []Series) (string, error) {
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = xLabel
+	p.Y.Label.Text = yLabel
+	p.Add(plotter.NewGrid())
+	for i, s := range series {
+		pts := make(plotter.XYs, len(s.Points))
+		for j, pt := range s.Points {
+			pts[j] = plotter.XY{X: pt.X, Y: pt.Y}
+		}
+		line, points, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return "", fmt.Errorf("%s: %s: %w", name, s.Name, err)
+		}
+		line.Color = plotutil.Color(i)
+		line.Dashes = plotutil.Dashes(i)
+		points.Color = plotutil.Color(i)
+		points.Shape = plotutil.Shape(i)
+		p.Add(line, points)
+		p.Legend.Add(s.Name, line, points)
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return d.save(p, name)
+}
+
+// CDF draws the empirical cumulative distribution of each set of
+// durations (in milliseconds, log scale) and writes it to name in d.
+func (d Dir) CDF(name, title string, sets map[string][]time.Duration) (string, error) {
+	names := make([]string, 0, len(sets))
+	for n := range sets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var series []Series
+	for _, n := range names {
+		ds := slices.Clone(sets[n])
+		if len(ds) == 0 {
+			continue
+		}
+		slices.Sort(ds)
+		pts := make([]XY, 0, len(ds))
+		for i, v := range ds {
+			ms := float64(v) / float64(time.Millisecond)
+			if ms <= 0 {
+				ms = 0.001
+			}
+			pts = append(pts, XY{X: ms, Y: float64(i+1) / float64(len(ds))})
+		}
+		series = append(series, Series{Name: n, Points: pts})
+	}
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "latency (ms, log scale)"
+	p.Y.Label.Text = "fraction of requests"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Y.Min, p.Y.Max = 0, 1
+	p.Add(plotter.NewGrid())
+	for i, s := range series {
+		pts := make(plotter.XYs, len(s.Points))
+		for j, pt := range s.Points {
+			pts[j] = plotter.XY{X: pt.X, Y: pt.Y}
+		}
+		line, err := plotter.NewLine(pts)
+		if err != nil {
+			return "", fmt.Errorf("%s: %s: %w", name, s.Name, err)
+		}
+		line.Color = plotutil.Color(i)
+		line.Dashes = plotutil.Dashes(i)
+		p.Add(line)
+		p.Legend.Add(s.Name, line)
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return d.save(p, name)
+}
+
+func (d Dir) save(p *plot.Plot, name string) (string, error) {
+	if !strings.HasSuffix(name, ".png") {
+		name += ".png"
+	}
+	path, err := d.Path(name)
+	if err != nil {
+		return "", err
+	}
+	return path, p.Save(8*vg.Inch, 5*vg.Inch, path)
+}
+
+// FileName turns a case name into a file name: lower case, runs of other
+// characters as one dash.
+func FileName(s string) string {
+	var b strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+			dash = false
+		} else if !dash && b.Len() > 0 {
+			b.WriteByte('-')
+			dash = true
+		}
+	}
+	return strings.TrimSuffix(b.String(), "-")
+}

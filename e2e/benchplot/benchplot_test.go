@@ -1,0 +1,52 @@
+package benchplot
+
+import (
+	"encoding/json"
+	"image/png"
+	"os"
+	"testing"
+	"time"
+)
+
+// TestCharts: each chart is a PNG of the requested size, and the results
+// file reads back.
+func TestCharts(t *testing.T) {
+	d := Dir(t.TempDir())
+	lines, err := d.Lines("cpu vs nodes", "kube-apiserver CPU", "nodes", "CPU-seconds", []Series{
+		{Name: "agent", Points: []XY{{1, 0.5}, {2, 0.6}, {5, 0.9}}},
+		{Name: "direct", Points: []XY{{1, 1}, {2, 2}, {5, 5}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cdf, err := d.CDF("latency", "list latency", map[string][]time.Duration{
+		"agent":  {time.Millisecond, 2 * time.Millisecond, 3 * time.Millisecond},
+		"direct": {5 * time.Millisecond, 6 * time.Millisecond, 0},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{lines, cdf} {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := png.DecodeConfig(f)
+		f.Close()
+		if err != nil || cfg.Width < 600 || cfg.Height < 300 {
+			t.Errorf("%s: %+v %v, want a PNG of 8x5 inches", path, cfg, err)
+		}
+	}
+	path, err := d.WriteJSON("results.json", map[string]float64{"ratio": 0.25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	var got map[string]float64
+	if err := json.Unmarshal(b, &got); err != nil || got["ratio"] != 0.25 {
+		t.Errorf("results read back as %v, %v", got, err)
+	}
+	if got := FileName("List node pods, RV=\"\" (16 in flight)"); got != "list-node-pods-rv-16-in-flight" {
+		t.Errorf("FileName: %q", got)
+	}
+}
