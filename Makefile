@@ -4,6 +4,9 @@
 #   make demo    sandbox + real node + the DaemonSet + a client pod; Ctrl-C tears
 #                it down (DEMO_ARGS=--emulated: the emulated node)
 #   make bench   cached reads through the agent vs direct kube-apiserver
+#   make bench-scale
+#                kube-apiserver's cost against the number of simulated nodes,
+#                with the agent on each and without (BENCH_SCALE_ARGS=-help)
 #   make conformance
 #                upstream e2e conformance specs (e2e/conformance/specs.txt)
 #                from a sandbox pod through the agent and directly, compared
@@ -22,7 +25,7 @@ BENCH_ARGS ?=
 CONFORMANCE_ARGS ?=
 IMAGE ?= kube-apicache:latest
 
-.PHONY: all build deps control-plane test unit e2e vet verify-manifests docs demo bench fuzz image clean
+.PHONY: all build deps control-plane test unit e2e vet verify-manifests docs demo bench bench-scale fuzz image clean
 .PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists conformance e2e-test
 
 all: build
@@ -148,6 +151,11 @@ demo: deps node-deps control-plane node-binaries image e2e-images
 # by side in one sandbox run (needs root). Prints figures, asserts nothing.
 bench: deps control-plane
 	$(GO) run ./e2e/bench --bin-dir $(BIN_DIR) $(BENCH_ARGS)
+
+# kube-apiserver's cost against the number of nodes, with and without the
+# agent (not part of make test; see the README).
+bench-scale: deps control-plane
+	$(GO) run ./e2e/benchscale --bin-dir $(BIN_DIR) $(BENCH_SCALE_ARGS)
 
 # The upstream Kubernetes e2e conformance specs that need no kubelet, run
 # from a sandbox pod twice, in a fresh sandbox each time: through the agent

@@ -26,6 +26,8 @@ var (
 	skipReason string
 	// Binaries built for the suite, in binTmp.
 	agentBin, podclientBin, binTmp string
+	// binDir holds the control-plane binaries.
+	binDir string
 )
 
 func TestMain(m *testing.M) {
@@ -71,7 +73,7 @@ func setUp() error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root for network namespaces and iptables (run as root, or with CI=true to make this an error)")
 	}
-	binDir := os.Getenv("KUBE_APICACHE_BIN_DIR")
+	binDir = os.Getenv("KUBE_APICACHE_BIN_DIR")
 	if binDir == "" {
 		binDir = sandbox.DefaultBinDir()
 	}

@@ -24,7 +24,8 @@ import (
 )
 
 // nodeInformers runs the informers a node-local controller typically has:
-// this node's pods (typed, and metadata-only), the cluster's services and,
+// this node's pods (typed, and metadata-only), the cluster's services, its
+// EndpointSlices if endpointSlices is set and,
 // if cr is set (GROUP/VERSION/RESOURCE), a custom resource through the
 // dynamic client. Whether they start with a watch-list or a list and a
 // watch is client-go's WatchListClient feature gate (KUBE_FEATURE_WatchListClient).
@@ -32,7 +33,7 @@ import (
 // It prints "WATCHLIST <gate>" and "SYNCED" once every informer has
 // synced, then, for every "dump" line on stdin, one "OBJ <informer>
 // <namespace>/<name> <resourceVersion>" line per object, sorted, and "END".
-func nodeInformers(ctx context.Context, cfg *rest.Config, cr string, protobuf bool) error {
+func nodeInformers(ctx context.Context, cfg *rest.Config, cr string, protobuf, endpointSlices bool) error {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = 100, 200
 	if protobuf {
@@ -54,6 +55,10 @@ func nodeInformers(ctx context.Context, cfg *rest.Config, cr string, protobuf bo
 	all := informers.NewSharedInformerFactory(client, 0)
 	stores["services"] = all.Core().V1().Services().Informer().GetStore()
 	synced = append(synced, all.Core().V1().Services().Informer().HasSynced)
+	if endpointSlices {
+		stores["endpointslices"] = all.Discovery().V1().EndpointSlices().Informer().GetStore()
+		synced = append(synced, all.Discovery().V1().EndpointSlices().Informer().HasSynced)
+	}
 
 	mc, err := metadata.NewForConfig(rest.CopyConfig(cfg))
 	if err != nil {

@@ -46,6 +46,7 @@ func main() {
 	resource := fs.String("resource", "configmaps", "relists: services or configmaps")
 	cr := fs.String("cr", "", "informers: also inform on this custom resource, as GROUP/VERSION/RESOURCE")
 	protobuf := fs.Bool("protobuf", false, "informers: use protobuf for built-in types")
+	endpointSlices := fs.Bool("endpointslices", false, "informers: also inform on the cluster's EndpointSlices")
 	_ = fs.Parse(os.Args[2:])
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -78,7 +79,7 @@ func main() {
 	case "relists":
 		err = countingInformer(ctx, client, string(ns), *resource)
 	case "informers":
-		err = nodeInformers(ctx, cfg, *cr, *protobuf)
+		err = nodeInformers(ctx, cfg, *cr, *protobuf, *endpointSlices)
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}

@@ -3,7 +3,6 @@ package sandbox
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -40,17 +39,7 @@ func (c *Cluster) NewAgentPod(ctx context.Context, name string) (*Pod, string, s
 	if err != nil {
 		return nil, "", "", err
 	}
-	kp, err := c.CA.Issue(CertSpec{
-		CommonName:   "system:node:" + NodeName,
-		Organization: []string{"system:nodes"},
-		DNSNames:     KubernetesServiceNames(),
-		IPs:          []net.IP{net.ParseIP(ServiceVIP), net.ParseIP(AgentListenIP)},
-		Server:       true,
-	})
-	if err != nil {
-		return nil, "", "", err
-	}
-	certFile, keyFile, err := kp.Write(pod.Dir, "serving")
+	certFile, keyFile, err := c.agentServingCert(pod, NodeName)
 	if err != nil {
 		return nil, "", "", err
 	}
@@ -130,14 +119,14 @@ func (a *Agent) WaitReady(ctx context.Context) error {
 		if done, err := a.Process.Exited(); done {
 			return false, fmt.Errorf("agent exited (%v): %s", err, tail(a.Process.Log(), 20))
 		}
-		code, _, err := AgentGetWithToken(ctx, a.Pod.cluster.Node, AgentMetricsAddr, "/intercepting", "", 5*time.Second)
+		code, _, err := AgentGetWithToken(ctx, a.Pod.NetNS, AgentMetricsAddr, "/intercepting", "", 5*time.Second)
 		return err == nil && code == http.StatusOK, nil
 	})
 }
 
 // Metrics returns the agent's /metrics text, read with the scraper's token.
 func (a *Agent) Metrics(ctx context.Context) (string, error) {
-	code, b, err := a.Pod.cluster.AgentGet(ctx, a.Pod.cluster.Node, AgentMetricsAddr, "/metrics", true, 5*time.Second)
+	code, b, err := a.Pod.cluster.AgentGet(ctx, a.Pod.NetNS, AgentMetricsAddr, "/metrics", true, 5*time.Second)
 	if err == nil && code != http.StatusOK {
 		err = fmt.Errorf("agent metrics: HTTP %d: %.200s", code, b)
 	}
@@ -148,7 +137,7 @@ func (a *Agent) Metrics(ctx context.Context) (string, error) {
 // collection now (its heap profile endpoint does, with gc=1), so that its
 // heap metrics count live memory only.
 func (a *Agent) CollectGarbage(ctx context.Context) error {
-	code, b, err := a.Pod.cluster.AgentGet(ctx, a.Pod.cluster.Node, AgentMetricsAddr, "/debug/pprof/heap?gc=1", true, time.Minute)
+	code, b, err := a.Pod.cluster.AgentGet(ctx, a.Pod.NetNS, AgentMetricsAddr, "/debug/pprof/heap?gc=1", true, time.Minute)
 	if err != nil {
 		return err
 	}

@@ -259,8 +259,13 @@ func (c *Cluster) setUpNetwork(ctx context.Context) error {
 // kubernetes Service: KUBE-SERVICES jumped from PREROUTING and OUTPUT, and a
 // DNAT of the VIP to the apiserver endpoints, spread at random.
 func (c *Cluster) installKubeProxy(ctx context.Context) error {
+	return c.installKubeProxyIn(ctx, c.Node)
+}
+
+// installKubeProxyIn writes the simulated kube-proxy's rules into ns.
+func (c *Cluster) installKubeProxyIn(ctx context.Context, ns NetNS) error {
 	ipt := func(args ...string) error {
-		return c.Node.Run(ctx, append([]string{"iptables", "-w", "-t", "nat"}, args...)...)
+		return ns.Run(ctx, append([]string{"iptables", "-w", "-t", "nat"}, args...)...)
 	}
 	if err := ipt("-N", "KUBE-SERVICES"); err != nil {
 		return err
@@ -570,25 +575,31 @@ func (c *Cluster) bootstrap(ctx context.Context) error {
 		}
 		return c.applyRBAC(ctx)
 	}
-	node := &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: NodeName, Labels: map[string]string{"kubernetes.io/hostname": NodeName, "kubernetes.io/os": "linux"}},
-	}
-	if _, err := c.Admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	node, err := c.Admin.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-	if err != nil {
-		return err
-	}
-	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: nodeCPAddr}}
-	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Sandbox", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
-	if _, err := c.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}); err != nil {
+	if err := c.createNode(ctx, NodeName, nodeCPAddr); err != nil {
 		return err
 	}
 	if err := c.waitForNamespaceReady(ctx, "default"); err != nil {
 		return err
 	}
 	return c.applyRBAC(ctx)
+}
+
+// createNode creates a Ready Node object with address addr.
+func (c *Cluster) createNode(ctx context.Context, name, addr string) error {
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
+	}
+	if _, err := c.Admin.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return err
+	}
+	node, err := c.Admin.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addr}}
+	node.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "Sandbox", LastHeartbeatTime: metav1.Now(), LastTransitionTime: metav1.Now()}}
+	_, err = c.Admin.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+	return err
 }
 
 // waitForNamespaceReady waits until kube-controller-manager has given ns its

@@ -26,6 +26,9 @@ type PodSpec struct {
 	// HostNetwork pods run in the node namespace; others get a namespace
 	// of their own on the pod bridge.
 	HostNetwork bool
+	// Node, when set, binds the pod to a simulated node (AddSimNode)
+	// instead of the sandbox node; such pods run in its host network.
+	Node *SimNode
 }
 
 // Pod is a real Pod object bound to the sandbox node, plus the network and
@@ -54,6 +57,13 @@ func (c *Cluster) NewPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 		spec.ServiceAccount = "default"
 	}
 	realNode := c.opts.RealNode
+	if spec.Node != nil && !spec.HostNetwork {
+		return nil, fmt.Errorf("pod %s/%s: pods of a simulated node run in its host network", spec.Namespace, spec.Name)
+	}
+	nodeName := NodeName
+	if spec.Node != nil {
+		nodeName = spec.Node.Name
+	}
 	if realNode && !spec.HostNetwork {
 		return nil, fmt.Errorf("pod %s/%s: on the real node only host-network sandbox pods exist; the kubelet runs the others", spec.Namespace, spec.Name)
 	}
@@ -73,7 +83,7 @@ func (c *Cluster) NewPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	obj := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Namespace: spec.Namespace, Labels: map[string]string{"app": spec.Name}},
 		Spec: corev1.PodSpec{
-			NodeName:                     NodeName,
+			NodeName:                     nodeName,
 			ServiceAccountName:           spec.ServiceAccount,
 			HostNetwork:                  spec.HostNetwork,
 			AutomountServiceAccountToken: ptr.To(false),
@@ -95,9 +105,16 @@ func (c *Cluster) NewPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	if err := p.refreshVolume(ctx); err != nil {
 		return nil, err
 	}
-	if spec.HostNetwork {
+	hostIP := nodeCPAddr
+	switch {
+	case spec.Node != nil:
+		p.NetNS, p.IP, hostIP = spec.Node.NetNS, spec.Node.IP, spec.Node.IP
+	case spec.HostNetwork:
 		p.NetNS, p.IP = c.Node, nodeCPAddr
-	} else if err := c.attachPod(ctx, p); err != nil {
+	default:
+		err = c.attachPod(ctx, p)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if realNode {
@@ -106,7 +123,7 @@ func (c *Cluster) NewPod(ctx context.Context, spec PodSpec) (*Pod, error) {
 	obj.Status.Phase = corev1.PodRunning
 	obj.Status.PodIP = p.IP
 	obj.Status.PodIPs = []corev1.PodIP{{IP: p.IP}}
-	obj.Status.HostIP = nodeCPAddr
+	obj.Status.HostIP = hostIP
 	if p.Object, err = c.Admin.CoreV1().Pods(spec.Namespace).UpdateStatus(ctx, obj, metav1.UpdateOptions{}); err != nil {
 		return nil, fmt.Errorf("updating Pod status: %w", err)
 	}
@@ -214,7 +231,7 @@ func (p *Pod) Command(ctx context.Context, name string, args ...string) *exec.Cm
 		"KUBERNETES_SERVICE_PORT_HTTPS=" + strconv.Itoa(ServicePort),
 		"POD_NAME=" + p.Spec.Name,
 		"POD_NAMESPACE=" + p.Spec.Namespace,
-		"NODE_NAME=" + NodeName,
+		"NODE_NAME=" + p.Object.Spec.NodeName,
 		"KAC_SA_DIR=" + filepath.Join(p.Dir, "serviceaccount"),
 	}
 	return cmd
