@@ -231,35 +231,7 @@ func TestDegradedMode(t *testing.T) {
 	// When every apiserver is killed,
 	all := c.APIServers()
 	killedAt := time.Now()
-	for _, as := range all {
-		if err := as.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, as := range all {
-		_ = as.Process.Wait(10 * time.Second)
-	}
-	restarted := false
-	restart := func(ctx context.Context) {
-		if restarted {
-			return
-		}
-		restarted = true
-		errs := make(chan error, len(all))
-		for _, as := range all {
-			go func() { errs <- c.StartAPIServer(ctx, as) }()
-		}
-		for range all {
-			if err := <-errs; err != nil {
-				t.Errorf("restarting apiservers: %v", err)
-			}
-		}
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		restart(ctx)
-	})
+	restart := killAllAPIServers(t, c)
 	figuref(t, "degraded: apiservers killed %s after the revocation", killedAt.Sub(revokedAt).Round(time.Millisecond))
 
 	// then the agent enters degraded mode and says so,
@@ -403,4 +375,187 @@ func TestDegradedMode(t *testing.T) {
 			t.Errorf("the agent's informer %s relisted %d times", inf, n)
 		}
 	}
+}
+
+// killAllAPIServers SIGKILLs every apiserver and returns a func that starts
+// them again (once; it also runs when the test ends).
+func killAllAPIServers(t *testing.T, c *sandbox.Cluster) func(context.Context) {
+	t.Helper()
+	all := c.APIServers()
+	for _, as := range all {
+		if err := as.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, as := range all {
+		_ = as.Process.Wait(10 * time.Second)
+	}
+	var once sync.Once
+	restart := func(ctx context.Context) {
+		once.Do(func() {
+			errs := make(chan error, len(all))
+			for _, as := range all {
+				go func() { errs <- c.StartAPIServer(ctx, as) }()
+			}
+			for range all {
+				if err := <-errs; err != nil {
+					t.Errorf("restarting apiservers: %v", err)
+				}
+			}
+		})
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		restart(ctx)
+	})
+	return restart
+}
+
+// TestDegradedAgentKilled: fail-open holds in degraded mode.
+//
+// Given an agent in degraded mode (every apiserver killed) and a pod that
+// reads through it,
+// when the agent is SIGKILLed,
+// then its liveness entry expires within --fail-open-timeout and the pod's
+// new connections take kube-proxy's path, where they fail as they would
+// without the agent (connection refused); once the apiservers are back,
+// the pod reads through kube-proxy's path.
+func TestDegradedAgentKilled(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pod := newClientPod(t, ctx, c, "e2e-degraded-killed", "client")
+	a := startAgent(t, ctx, c)
+	waitCacheSynced(t, ctx, a)
+	services := "/api/v1/namespaces/e2e-degraded-killed/services?resourceVersion=0"
+	// One connection per request, so that each takes the path of the
+	// moment.
+	client := vipClient(t, pod, false)
+	for range 3 {
+		if code, b, _, err := podGet(ctx, client, pod, http.MethodGet, services, nil); err != nil || code != http.StatusOK {
+			t.Fatalf("read before the outage: %d %v %.200s", code, err, b)
+		}
+	}
+
+	restart := killAllAPIServers(t, c)
+	waitFor(t, 30*time.Second, "/readyz saying degraded", func() bool {
+		_, ready, _ := agentEndpoint(ctx, c, "/readyz")
+		return strings.Contains(ready, "degraded since")
+	})
+	if code, b, _, err := podGet(ctx, client, pod, http.MethodGet, services, nil); err != nil || code != http.StatusOK {
+		t.Fatalf("degraded read: %d %v %.200s", code, err, b)
+	}
+
+	// When the agent is killed,
+	killed := time.Now()
+	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// then its entry expires without anyone acting on it,
+	for len(liveEntries(t, ctx, c)) > 0 {
+		if time.Since(killed) > livenessTimeout+time.Second {
+			t.Fatalf("liveness entry still there %s after the kill", time.Since(killed))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	expired := time.Since(killed)
+	// and the pod's connections go to kube-proxy's path: refused, as
+	// without the agent.
+	_, _, _, err := podGet(ctx, client, pod, http.MethodGet, services, nil)
+	if err == nil || !strings.Contains(err.Error(), "connection refused") {
+		t.Errorf("read after the agent died during the outage: %v, want connection refused (kube-proxy's path to dead apiservers)", err)
+	}
+	figuref(t, "degraded, agent SIGKILLed: liveness entry expired %s after the kill; the pod's next read: %v", expired.Round(time.Millisecond), err)
+
+	// Once the apiservers are back, the pod reads through kube-proxy.
+	restart(ctx)
+	waitFor(t, 60*time.Second, "a read through kube-proxy's path", func() bool {
+		code, _, _, err := podGet(ctx, client, pod, http.MethodGet, services, nil)
+		return err == nil && code == http.StatusOK
+	})
+	cleanNode(t, ctx, c)
+}
+
+// TestDegradedStepsAsideForKubeProxy: degraded mode is only for an outage
+// the pods would suffer anyway.
+//
+// Given an agent that loses its own connections to every apiserver (a
+// partition between the agent and the endpoints: the node rejects
+// connections to them that kube-proxy did not DNAT) while kube-proxy's
+// path still reaches them,
+// then the agent hands the VIP back to kube-proxy with a reason naming
+// kube-proxy's path, never enters degraded mode, and the pod's reads keep
+// succeeding on kube-proxy's path; once the partition heals, the agent
+// intercepts again.
+func TestDegradedStepsAsideForKubeProxy(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	pod := newClientPod(t, ctx, c, "e2e-degraded-partition", "client")
+	a := startAgent(t, ctx, c)
+	waitCacheSynced(t, ctx, a)
+	services := "/api/v1/namespaces/e2e-degraded-partition/services?resourceVersion=0"
+	client := vipClient(t, pod, false)
+	if code, b, _, err := podGet(ctx, client, pod, http.MethodGet, services, nil); err != nil || code != http.StatusOK {
+		t.Fatalf("read before the partition: %d %v %.200s", code, err, b)
+	}
+
+	// When the agent's own connections to the apiservers are cut,
+	var rules [][]string
+	for _, as := range c.APIServers() {
+		rules = append(rules, []string{"OUTPUT", "-d", as.Addr + "/32", "-p", "tcp", "--dport", "6443",
+			"-m", "conntrack", "!", "--ctstate", "DNAT", "-j", "REJECT", "--reject-with", "tcp-reset"})
+	}
+	healed := false
+	heal := func() {
+		if healed {
+			return
+		}
+		healed = true
+		for _, r := range rules {
+			if err := c.Node.Run(ctx, append([]string{"iptables", "-w", "-D"}, r...)...); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	for _, r := range rules {
+		if err := c.Node.Run(ctx, append([]string{"iptables", "-w", "-I"}, r...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(heal)
+	cut := time.Now()
+
+	// then it steps aside, naming kube-proxy's path,
+	var body string
+	took := waitFor(t, 60*time.Second, "/intercepting naming kube-proxy's path", func() bool {
+		_, body, _ = agentEndpoint(ctx, c, "/intercepting")
+		return strings.Contains(body, "kube-proxy's path")
+	})
+	figuref(t, "partition from the agent only: stepped aside %s after the cut: %q", took.Round(10*time.Millisecond), body)
+	// never degraded, and the pod reads on kube-proxy's path.
+	var failures int
+	for time.Since(cut) < 15*time.Second {
+		if _, ready, _ := agentEndpoint(ctx, c, "/readyz"); strings.Contains(ready, "degraded") {
+			t.Fatalf("degraded while kube-proxy's path answers: %q", ready)
+		}
+		if code, _, _, err := podGet(ctx, client, pod, http.MethodGet, services, nil); err != nil || code != http.StatusOK {
+			failures++
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	figuref(t, "partition from the agent only: %d of the pod's reads failed after it stepped aside", failures)
+	if failures > 0 {
+		t.Errorf("%d reads failed on kube-proxy's path", failures)
+	}
+
+	// Once it heals, the agent intercepts again.
+	heal()
+	waitFor(t, 60*time.Second, "intercepting again", func() bool {
+		code, _, _ := agentEndpoint(ctx, c, "/intercepting")
+		return code == http.StatusOK
+	})
 }
