@@ -350,6 +350,18 @@ func TestDegradedMode(t *testing.T) {
 		return code == http.StatusOK && !strings.Contains(ready, "degraded")
 	})
 	figuref(t, "degraded: left degraded mode %s after the apiservers answered /readyz", left.Round(10*time.Millisecond))
+	// The log says when it entered and left.
+	agentLog := a.Process.Log()
+	for _, want := range []string{"Entering degraded mode", "Leaving degraded mode"} {
+		if !strings.Contains(agentLog, want) {
+			t.Errorf("the agent's log does not say %q", want)
+		}
+	}
+	for _, l := range strings.Split(agentLog, "\n") {
+		if strings.Contains(l, "degraded mode") {
+			figuref(t, "degraded: log: %.400s", l)
+		}
+	}
 	loop.stop()
 
 	// the informers converge with at most one relist each,
