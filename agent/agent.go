@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -103,6 +104,9 @@ type Agent struct {
 	// clientCerts hands client-certificate callers to kube-apiserver.
 	clientCerts *clientCertificates
 
+	// degraded is the state of degraded mode (degraded.go).
+	degraded degradedMode
+
 	mu sync.Mutex // protects the fields below
 	// notIntercepting is why the agent is not intercepting; nil while it
 	// is.
@@ -136,7 +140,8 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 		now:             time.Now,
 		notIntercepting: errors.New("starting"),
 	}
-	a.metrics.registry.MustRegister(buildInfo(), a.switchCollector(), a.serviceMismatchCollector())
+	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = cfg.DegradedDecisionTTL, a.degradedAfter(), a.probeTimeout()
+	a.metrics.registry.MustRegister(buildInfo(), a.switchCollector(), a.serviceMismatchCollector(), degradedCollector{&a.degraded})
 	if cfg.InterceptionDisabled {
 		reason := "--interception=false (or interception.enabled: false in --config)"
 		a.disabled.Store(&reason)
@@ -183,8 +188,10 @@ func (a *Agent) buildHandler() http.Handler {
 	if a.cache != nil {
 		observe = a.cache.ObserveWrite
 	}
-	forward := a.metrics.instrument("forward",
-		a.limitInFlight("forward", newForwarder(a.up, observe), lim.MaxRequestsInFlight, lim.MaxMutatingRequestsInFlight))
+	// In degraded mode nothing is forwarded: each request fails fast
+	// (degraded.go), before it takes an in-flight slot.
+	forward := a.metrics.instrument("forward", a.failFastWhenDegraded(
+		a.limitInFlight("forward", newForwarder(a.up, observe), lim.MaxRequestsInFlight, lim.MaxMutatingRequestsInFlight)))
 	if a.cache != nil {
 		// Covered reads of authorized callers are answered from the cache;
 		// everything else goes to forward unchanged.
@@ -210,6 +217,9 @@ func (a *Agent) buildHandler() http.Handler {
 			stop := context.AfterFunc(a.drain, cancel)
 			defer stop()
 			r = r.WithContext(ctx)
+		}
+		if a.degradedNow() {
+			r = r.WithContext(apicache.WithDegraded(r.Context()))
 		}
 		forward.ServeHTTP(w, r)
 	}))))
@@ -251,14 +261,19 @@ func (a *Agent) Ready() error {
 	return a.syncLoopStuck()
 }
 
-// interceptionNote adds to /intercepting what an operator should know
-// even while the agent intercepts: the latest source sent back to
-// kube-proxy's path because its traffic to the agent was dropped.
+// interceptionNote adds to /intercepting and /readyz what an operator
+// should know even while the agent intercepts: that it is in degraded
+// mode and since when, and the latest source sent back to kube-proxy's
+// path because its traffic to the agent was dropped.
 func (a *Agent) interceptionNote() string {
-	if s := a.podPath.status(a.now()); s != "" {
-		return "latest blocked source: " + s
+	var notes []string
+	if s := a.degradedNote(); s != "" {
+		notes = append(notes, s)
 	}
-	return ""
+	if s := a.podPath.status(a.now()); s != "" {
+		notes = append(notes, "latest blocked source: "+s)
+	}
+	return strings.Join(notes, "; ")
 }
 
 // Healthy returns nil unless the sync loop is stuck: the kubelet restarts
@@ -411,6 +426,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	// stop a rollout), reports why it does not intercept, and retries.
 	a.syncOrStepAside(ctx)
 	wg.Go(func() { a.runLiveness(loops) })
+	wg.Go(func() { a.runDegraded(loops) })
 	if a.podPath != nil {
 		wg.Go(func() { a.runPodPath(loops) })
 	}
@@ -751,7 +767,11 @@ func (a *Agent) newCache() error {
 	if len(a.cfg.CacheResources) == 0 {
 		return nil
 	}
-	reviewer, err := access.New(a.restConfig(), access.Options{Gate: a.cfg.Limits.gate()})
+	reviewer, err := access.New(a.restConfig(), access.Options{
+		Gate:        a.cfg.Limits.gate(),
+		DegradedTTL: a.cfg.DegradedDecisionTTL,
+		Degraded:    a.reviewsDegraded,
+	})
 	if err != nil {
 		return fmt.Errorf("access reviews: %w", err)
 	}

@@ -204,6 +204,12 @@ type Config struct {
 	// CacheHistoryEvents and CacheHistoryBytes bound each cached
 	// resource's event window, from which watches are served.
 	CacheHistoryEvents, CacheHistoryBytes int
+	// DegradedDecisionTTL is how long after kube-apiserver allowed a
+	// caller a read the agent may still answer it from the cache in
+	// degraded mode (every kube-apiserver unreachable, through the agent
+	// and kube-proxy's path alike). Zero disables degraded mode: the
+	// agent then steps aside whenever no upstream is healthy.
+	DegradedDecisionTTL time.Duration
 
 	// Audit configures the audit log of the requests the agent answers
 	// itself (kube-apiserver's audit options); nil or without a policy
@@ -265,6 +271,10 @@ const (
 	DefaultMetricsBindAddress   = "127.0.0.1:10445"
 	DefaultShutdownGracePeriod  = 30 * time.Second
 	DefaultCacheWarmupTimeout   = 30 * time.Second
+	// DefaultDegradedDecisionTTL bounds how long a revoked RoleBinding
+	// (or a deleted pod's token) may still be honoured for cached reads
+	// during an outage of every kube-apiserver.
+	DefaultDegradedDecisionTTL = 5 * time.Minute
 )
 
 // builtinChains are the nat table's own chains.
@@ -367,6 +377,8 @@ func (c *Config) Validate() error {
 		return errors.New("--cache-history-events and --cache-history-bytes must not be negative")
 	case c.CacheWarmupTimeout < 0:
 		return errors.New("--cache-warmup-timeout must not be negative")
+	case c.DegradedDecisionTTL < 0 || c.DegradedDecisionTTL > time.Hour:
+		return errors.New("--degraded-decision-ttl must be 0 (no degraded mode) or positive and at most 1h")
 	}
 	if err := cache.CheckPinned(c.CachePinnedResources, c.CacheResources); err != nil {
 		return err

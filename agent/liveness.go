@@ -29,8 +29,9 @@ func (a *Agent) probeTimeout() time.Duration {
 }
 
 // health returns nil while the agent can stand in for kube-apiserver: its
-// certificate is ready and an upstream endpoint is healthy. Otherwise it
-// says why not. Each family's listener is checked on its own
+// certificate is ready and an upstream endpoint is healthy, or it is in
+// degraded mode (or deciding whether to enter it). Otherwise it says why
+// not. Each family's listener is checked on its own
 // (listenerHealth): one family's failure takes only that family's VIPs
 // back to kube-proxy.
 func (a *Agent) health() error {
@@ -41,7 +42,10 @@ func (a *Agent) health() error {
 		return fmt.Errorf("serving certificate not ready: %w", err)
 	}
 	if err := a.up.healthy(); err != nil {
-		return err
+		// Unless this is an outage the pods suffer anyway (degraded.go).
+		if err := a.degraded.covers(a.now(), err); err != nil {
+			return err
+		}
 	}
 	return a.warmup()
 }

@@ -167,6 +167,8 @@ func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter 
 
 // handler serves /metrics, /healthz and /livez (healthy), /readyz (ready)
 // and /intercepting (intercepting), each 200 "ok" or 503 with the reason,
+// the ready and intercepting answers followed by note (degraded mode, a
+// blocked source),
 // and with profiling the pprof endpoints. It checks no credentials: the
 // metrics listener serves it behind metricsAuth.secure.
 func (m *metrics) handler(healthy, ready, intercepting func() error, note func() string, dataplane string, profiling bool) *http.ServeMux {
@@ -188,7 +190,7 @@ func (m *metrics) handler(healthy, ready, intercepting func() error, note func()
 				return
 			}
 			msg := "ok"
-			if n := note(); n != "" && path == "/intercepting" {
+			if n := note(); n != "" && (path == "/intercepting" || path == "/readyz") {
 				msg += "; " + n
 			}
 			if dataplane != "" && path != "/healthz" && path != "/livez" {

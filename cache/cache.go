@@ -301,7 +301,7 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 	if p.badRequest != nil {
 		return ""
 	}
-	if p.verb == "watch" && !c.awaitHealthy(ctx, p.res) {
+	if p.verb == "watch" && !degraded(ctx) && !c.awaitHealthy(ctx, p.res) {
 		// The Store's own watch is broken (an apiserver restarted, etcd
 		// compacted) and did not come back within the wait: its events
 		// stopped, and a relist will end the watches it serves.

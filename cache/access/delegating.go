@@ -65,6 +65,16 @@ type Options struct {
 	Timeout time.Duration
 	// Gate bounds the reviews sent, per source and in total.
 	Gate GateOptions
+	// DegradedTTL is how long an allow decision kube-apiserver made may
+	// stand in for it while Degraded reports true (recall.go); zero keeps
+	// no decision and answers nothing in degraded mode.
+	DegradedTTL time.Duration
+	// Degraded, if set, reports whether the agent is in degraded mode:
+	// every kube-apiserver is out of reach. Reviews are then not sent; a
+	// recent allow decision for the same token and request answers.
+	Degraded func() bool
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
 }
 
 func (o *Options) complete() error {
@@ -81,6 +91,12 @@ func (o *Options) complete() error {
 	}
 	if o.Timeout < 0 {
 		return fmt.Errorf("review timeout %v must be positive", o.Timeout)
+	}
+	if o.DegradedTTL < 0 {
+		return fmt.Errorf("degraded decision TTL %v must not be negative", o.DegradedTTL)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
 	}
 	return nil
 }
@@ -109,6 +125,14 @@ type Delegating struct {
 	metrics *Metrics
 	// sources tells the token reviewer whose request a token came with.
 	sources *tokenSources
+	// recall keeps recent allow decisions for degraded mode; degraded
+	// reports whether it is on (nil: never).
+	recall   *recall
+	degraded func() bool
+	// tokenTTL, allowTTL and timeout bound the age of an answer served
+	// from a decision cache.
+	tokenTTL, allowTTL, timeout time.Duration
+	now                         func() time.Time
 }
 
 var _ Reviewer = (*Delegating)(nil)
@@ -144,6 +168,7 @@ func New(cfg *rest.Config, opts Options) (*Delegating, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating the token authenticator: %w", err)
 	}
+	rc := newRecall(opts.DegradedTTL, opts.Now)
 	backoff := reviewBackoff
 	authorizer, err := authorizerfactory.DelegatingAuthorizerConfig{
 		SubjectAccessReviewClient: authz,
@@ -155,10 +180,16 @@ func New(cfg *rest.Config, opts Options) (*Delegating, error) {
 		return nil, fmt.Errorf("creating the authorizer: %w", err)
 	}
 	return &Delegating{
-		authn:   cache.New(tokenReviewer{webhook: webhook, metrics: m, gate: g, sources: srcs}, false, opts.TokenTTL, opts.TokenTTL),
-		sources: srcs,
-		authz:   &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}, allowTTL: opts.AllowTTL, denyTTL: opts.DenyTTL, gate: g},
-		metrics: m,
+		authn:    cache.New(tokenReviewer{webhook: webhook, metrics: m, gate: g, sources: srcs, recall: rc, now: opts.Now}, false, opts.TokenTTL, opts.TokenTTL),
+		sources:  srcs,
+		authz:    &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}, allowTTL: opts.AllowTTL, denyTTL: opts.DenyTTL, gate: g},
+		metrics:  m,
+		recall:   rc,
+		degraded: opts.Degraded,
+		tokenTTL: opts.TokenTTL,
+		allowTTL: opts.AllowTTL,
+		timeout:  opts.Timeout,
+		now:      opts.Now,
 	}, nil
 }
 
@@ -188,7 +219,11 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 		return Result{Verdict: Forward, Reason: ReasonTooLarge}
 	}
 	ctx := withSource(r.Context(), r.RemoteAddr)
+	if d.degraded != nil && d.degraded() {
+		return d.reviewDegraded(ctx, info, token)
+	}
 
+	start := d.now()
 	d.metrics.lookup(reviewToken)
 	leave := d.sources.enter(token, sourceFrom(ctx))
 	resp, ok, err := d.authn.AuthenticateToken(ctx, token)
@@ -200,14 +235,20 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 		klog.FromContext(ctx).V(4).Info("Token review failed; forwarding", "err", err)
 		return Result{Verdict: Forward, Reason: ReasonReviewError}
 	case !ok:
+		d.recall.rejected(token)
 		return Result{Verdict: Forward, Reason: ReasonTokenRejected}
 	}
 
+	anonymous, err := attributesKey(request.WithRequestInfo(ctx, info))
+	if err != nil {
+		return Result{Verdict: Forward, Reason: ReasonReviewError}
+	}
 	ctx = request.WithRequestInfo(request.WithUser(ctx, resp.User), info)
 	attrs, err := filters.GetAuthorizerAttributes(ctx)
 	if err != nil {
 		return Result{Verdict: Forward, Reason: ReasonReviewError}
 	}
+	sarStart := d.now()
 	d.metrics.lookup(reviewAccess)
 	ctx, out := withOutcome(ctx)
 	decision, reason, err := d.authz.Authorize(ctx, attrs)
@@ -223,6 +264,13 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 	}
 	switch {
 	case decision == authorizer.DecisionAllow:
+		// The decision is as old as the review that made it; one served
+		// from a decision cache may be as old as that cache keeps it.
+		sarAt := d.now().Add(-d.allowTTL - d.timeout)
+		if out.calls.Load() > 0 && out.answered.Load() {
+			sarAt = sarStart
+		}
+		d.recall.allowed(token, anonymous, resp.User, sarAt, start.Add(-d.tokenTTL-d.timeout), reason)
 		return Result{Verdict: Allowed, User: resp.User, AuthorizationReason: reason}
 	case errors.Is(err, errThrottled):
 		return Result{Verdict: Forward, Reason: ReasonThrottled}
@@ -232,8 +280,47 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 		klog.FromContext(ctx).V(4).Info("Access review failed; forwarding", "err", err)
 		return Result{Verdict: Forward, Reason: ReasonReviewError}
 	default:
+		d.recall.denied(token, anonymous)
 		return Result{Verdict: Denied, Err: responsewriters.ForbiddenStatusError(attrs, reason), User: resp.User, AuthorizationReason: reason}
 	}
+}
+
+// ReasonDegraded prefixes the reasons of requests degraded mode has no
+// decision for: "degraded-no-decision", "degraded-stale",
+// "degraded-token-expired".
+const ReasonDegraded = "degraded-"
+
+// reviewDegraded answers a review in degraded mode, without asking
+// kube-apiserver: Allowed when it allowed the same token the same request
+// within the degraded TTL and the token has not expired; otherwise
+// Forward (the request then fails as kube-apiserver's absence makes it
+// fail). It never denies: a denial is kube-apiserver's to make.
+func (d *Delegating) reviewDegraded(ctx context.Context, info *request.RequestInfo, token string) Result {
+	key, err := attributesKey(request.WithRequestInfo(ctx, info))
+	if err != nil {
+		return Result{Verdict: Forward, Reason: ReasonReviewError}
+	}
+	u, reason, at, outcome := d.recall.lookup(token, key)
+	d.metrics.degraded(outcome)
+	if outcome != recallAllowed {
+		return Result{Verdict: Forward, Reason: ReasonDegraded + outcome}
+	}
+	why := "degraded mode: allowed by kube-apiserver at " + at.UTC().Format(time.RFC3339)
+	if reason != "" {
+		why += ": " + reason
+	}
+	return Result{Verdict: Allowed, User: u, AuthorizationReason: why}
+}
+
+// attributesKey identifies the authorization attributes of ctx's request
+// (which carries its RequestInfo and no user): with the token, what
+// decides a SubjectAccessReview.
+func attributesKey(ctx context.Context) (string, error) {
+	attrs, err := filters.GetAuthorizerAttributes(ctx)
+	if err != nil {
+		return "", err
+	}
+	return decisionKey(attrs)
 }
 
 // reviewSize is the size of the review attributes r's caller chose:
@@ -284,6 +371,8 @@ type tokenReviewer struct {
 	metrics *Metrics
 	gate    *gate
 	sources *tokenSources
+	recall  *recall
+	now     func() time.Time
 }
 
 func (a tokenReviewer) AuthenticateToken(ctx context.Context, token string) (*authenticator.Response, bool, error) {
@@ -294,12 +383,15 @@ func (a tokenReviewer) AuthenticateToken(ctx context.Context, token string) (*au
 		return nil, false, errThrottled
 	}
 	ctx, out := withOutcome(quiet(ctx))
+	start := a.now()
 	resp, ok, err := a.webhook.AuthenticateToken(ctx, token)
 	switch {
 	case ok:
 		a.metrics.reviewed(reviewToken, "authenticated")
+		a.recall.authenticated(token, start)
 	case out.answered.Load():
 		a.metrics.reviewed(reviewToken, "rejected")
+		a.recall.rejected(token)
 		return nil, false, nil
 	default:
 		a.metrics.reviewed(reviewToken, "error")

@@ -17,6 +17,7 @@ type Metrics struct {
 	lookups   *prometheus.CounterVec
 	verdicts  *prometheus.CounterVec
 	throttles *prometheus.CounterVec
+	degradedL *prometheus.CounterVec
 }
 
 // NewMetrics returns unregistered metrics.
@@ -38,12 +39,16 @@ func NewMetrics() *Metrics {
 			Name: "kube_apicache_access_reviews_throttled_total",
 			Help: "Reviews not sent because the caller's share (limit=source) or the node's (limit=global) was used up; the request was forwarded instead.",
 		}, []string{"review", "limit"}),
+		degradedL: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_access_degraded_decisions_total",
+			Help: "Decisions looked up in degraded mode, by result: allowed (a recent allow for the same token and request), no-decision, stale (older than --degraded-decision-ttl), token-expired. Only allowed requests are answered from the cache.",
+		}, []string{"result"}),
 	}
 }
 
 // Register adds the metrics to reg.
 func (m *Metrics) Register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.reviews, m.lookups, m.verdicts, m.throttles} {
+	for _, c := range []prometheus.Collector{m.reviews, m.lookups, m.verdicts, m.throttles, m.degradedL} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -57,6 +62,10 @@ func (m *Metrics) reviewed(review, result string) {
 
 func (m *Metrics) throttled(review, limit string) {
 	m.throttles.WithLabelValues(review, limit).Inc()
+}
+
+func (m *Metrics) degraded(result string) {
+	m.degradedL.WithLabelValues(result).Inc()
 }
 
 func (m *Metrics) lookup(review string) {

@@ -102,6 +102,7 @@ type CacheConfiguration struct {
 	HistoryEvents          *int32           `json:"historyEvents,omitempty" flag:"cache-history-events"`
 	HistoryBytes           *int64           `json:"historyBytes,omitempty" flag:"cache-history-bytes"`
 	AsNode                 *bool            `json:"asNode,omitempty" flag:"cache-as-node"`
+	DegradedDecisionTTL    *metav1.Duration `json:"degradedDecisionTTL,omitempty" flag:"degraded-decision-ttl"`
 }
 
 // MetricsConfiguration is the endpoint that serves metrics and health.

@@ -1,0 +1,273 @@
+package access
+
+import (
+	"encoding/base64"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+)
+
+// fakeJWT returns a token shaped like a JWT whose payload carries exp (no
+// exp claim when exp is zero). Its signature is not checked here; the fake
+// apiserver authenticates it by its bytes.
+func fakeJWT(sub string, exp time.Time) string {
+	payload := fmt.Sprintf(`{"sub":%q}`, sub)
+	if !exp.IsZero() {
+		payload = fmt.Sprintf(`{"sub":%q,"exp":%d}`, sub, exp.Unix())
+	}
+	enc := base64.RawURLEncoding.EncodeToString
+	return enc([]byte(`{"alg":"RS256"}`)) + "." + enc([]byte(payload)) + ".c2ln"
+}
+
+// fakeClock is a settable clock.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Step(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// degradedSetup is a reviewer with a fake clock and a degraded switch.
+type degradedSetup struct {
+	f        *fakeAPIServer
+	d        *Delegating
+	clock    *fakeClock
+	degraded atomic.Bool
+}
+
+func newDegradedSetup(t *testing.T, ttl time.Duration) *degradedSetup {
+	t.Helper()
+	s := &degradedSetup{f: newFakeAPIServer(t), clock: &fakeClock{t: time.Now()}}
+	s.d = newReviewer(t, s.f, Options{DegradedTTL: ttl, Degraded: s.degraded.Load, Now: s.clock.Now})
+	return s
+}
+
+func (s *degradedSetup) review(t *testing.T, path, token string) Result {
+	t.Helper()
+	r, info := newRequest(t, path, bearer(token))
+	return s.d.Review(r, info)
+}
+
+// TestDegradedReviews: in degraded mode, a read is allowed only with a
+// recent allow decision kube-apiserver made for the same token and the
+// same request attributes; nothing else is ever allowed, and nothing is
+// denied.
+func TestDegradedReviews(t *testing.T) {
+	const ttl = 5 * time.Minute
+	const pods = "/api/v1/namespaces/ns1/pods"
+	for _, tc := range []struct {
+		name string
+		// given runs with kube-apiserver up, then degraded mode starts
+		// after wait; want is the verdict and reason of reading path
+		// with token.
+		given      func(t *testing.T, s *degradedSetup, token string)
+		wait       time.Duration
+		path       string
+		token      func(s *degradedSetup) string
+		wantAllow  bool
+		wantReason string
+	}{{
+		// A caller allowed the same list a minute ago is answered.
+		name:      "recent allow",
+		given:     func(t *testing.T, s *degradedSetup, token string) { s.review(t, pods, token) },
+		wait:      time.Minute,
+		path:      pods,
+		wantAllow: true,
+	}, {
+		// An allow older than the TTL is not used.
+		name:       "stale allow",
+		given:      func(t *testing.T, s *degradedSetup, token string) { s.review(t, pods, token) },
+		wait:       ttl + time.Second,
+		path:       pods,
+		wantReason: ReasonDegraded + recallStale,
+	}, {
+		// An allow for other attributes (another namespace, a selector)
+		// is not used: no decision is stretched to a request it was not
+		// made for.
+		name:       "other attributes",
+		given:      func(t *testing.T, s *degradedSetup, token string) { s.review(t, pods, token) },
+		path:       pods + "?labelSelector=app%3Dweb",
+		wantReason: ReasonDegraded + recallNoDecision,
+	}, {
+		// A token never reviewed gets nothing.
+		name:       "new token",
+		given:      func(t *testing.T, s *degradedSetup, token string) {},
+		path:       pods,
+		wantReason: ReasonDegraded + recallNoDecision,
+	}, {
+		// A denial kube-apiserver made after the allow wins: the allow
+		// is forgotten.
+		name: "denied after allow",
+		given: func(t *testing.T, s *degradedSetup, token string) {
+			s.review(t, pods, token)
+			s.f.setPolicy(nil)
+			s.clock.Step(MaxTTL + time.Second)
+		},
+		path:       pods,
+		wantReason: ReasonDegraded + recallNoDecision,
+	}, {
+		// A token whose own expiry passed is never accepted, however
+		// recent its allow.
+		name:  "expired token",
+		given: func(t *testing.T, s *degradedSetup, token string) { s.review(t, pods, token) },
+		wait:  2 * time.Minute,
+		token: func(s *degradedSetup) string {
+			return fakeJWT("alice", s.clock.Now().Add(time.Minute))
+		},
+		path:       pods,
+		wantReason: ReasonDegraded + recallTokenExpired,
+	}, {
+		// An opaque token's expiry cannot be seen: it gets no decision.
+		name:       "opaque token",
+		given:      func(t *testing.T, s *degradedSetup, token string) { s.review(t, pods, token) },
+		token:      func(*degradedSetup) string { return "opaque-token" },
+		path:       pods,
+		wantReason: ReasonDegraded + recallNoDecision,
+	}, {
+		// A token kube-apiserver rejected after the allow is forgotten.
+		name: "token rejected after allow",
+		given: func(t *testing.T, s *degradedSetup, token string) {
+			s.review(t, pods, token)
+			s.f.mu.Lock()
+			delete(s.f.tokens, token)
+			s.f.mu.Unlock()
+			s.d.recall.rejected(token) // as the token review would, once its cache expired
+		},
+		path:       pods,
+		wantReason: ReasonDegraded + recallNoDecision,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newDegradedSetup(t, ttl)
+			token := fakeJWT("alice", s.clock.Now().Add(time.Hour))
+			if tc.token != nil {
+				token = tc.token(s)
+			}
+			s.f.tokens[token] = alice
+			s.f.policy = func(spec authorizationv1.SubjectAccessReviewSpec) (bool, string) {
+				return spec.User == "alice" && spec.ResourceAttributes != nil && spec.ResourceAttributes.LabelSelector == nil, "RBAC: allowed by RoleBinding"
+			}
+			if tc.name == "denied after allow" {
+				// The denial must reach kube-apiserver, past the
+				// reviewer's own short-lived caches.
+				s.d = newReviewer(t, s.f, Options{DegradedTTL: ttl, Degraded: s.degraded.Load, Now: s.clock.Now, AllowTTL: time.Millisecond, TokenTTL: time.Millisecond})
+			}
+			tc.given(t, s, token)
+			if tc.name == "denied after allow" {
+				time.Sleep(5 * time.Millisecond) // the caches run on real time
+				if got := s.review(t, pods, token); got.Verdict != Denied {
+					t.Fatalf("live review after revocation: %v %q, want Denied", got.Verdict, got.Reason)
+				}
+			}
+			s.clock.Step(tc.wait)
+			s.degraded.Store(true)
+			before, _ := s.f.counts()
+			got := s.review(t, tc.path, token)
+			if after, _ := s.f.counts(); after != before {
+				t.Errorf("degraded mode sent %d token reviews", after-before)
+			}
+			if allowed := got.Verdict == Allowed; allowed != tc.wantAllow || got.Reason != tc.wantReason {
+				t.Fatalf("got %v %q, want allowed=%t %q", got.Verdict, got.Reason, tc.wantAllow, tc.wantReason)
+			}
+			if got.Verdict == Denied {
+				t.Fatalf("degraded mode denied: a denial is kube-apiserver's to make")
+			}
+			if tc.wantAllow && (got.User == nil || got.User.GetName() != "alice") {
+				t.Errorf("allowed as %v, want alice", got.User)
+			}
+		})
+	}
+}
+
+// TestDegradedRevocationBound: a decision is used at most the TTL after
+// kube-apiserver made it, however often the caller read meanwhile from
+// the reviewer's short-lived caches (an allow answered from a cache
+// counts as made as long ago as the cache may keep it, so it never makes
+// the decision younger).
+func TestDegradedRevocationBound(t *testing.T) {
+	const ttl = time.Minute
+	s := newDegradedSetup(t, ttl)
+	token := fakeJWT("alice", time.Time{})
+	s.f.tokens[token] = alice
+	s.f.policy = allowUser("alice")
+	const path = "/api/v1/namespaces/ns1/services"
+	// Given one review sent at T0 and reads answered from the caches
+	// afterwards,
+	s.review(t, path, token)
+	for range 3 {
+		s.clock.Step(time.Second)
+		if got := s.review(t, path, token); got.Verdict != Allowed {
+			t.Fatalf("live read: %v %q", got.Verdict, got.Reason)
+		}
+	}
+	if _, access := s.f.counts(); access != 1 {
+		t.Fatalf("%d access reviews, want 1 (the rest from the caches)", access)
+	}
+	s.degraded.Store(true)
+	// when degraded mode starts, the decision holds until T0+TTL (the
+	// answers from the caches, which may be older, do not make it
+	// younger), never later.
+	s.clock.Step(ttl - 3*time.Second)
+	if got := s.review(t, path, token); got.Verdict != Allowed {
+		t.Fatalf("at T0+TTL: %v %q", got.Verdict, got.Reason)
+	}
+	s.clock.Step(time.Millisecond)
+	if got := s.review(t, path, token); got.Verdict == Allowed {
+		t.Fatalf("used past T0+TTL")
+	}
+	// A JWT without exp (a legacy ServiceAccount token) has no expiry to
+	// pass; the decision's age alone bounds it.
+	if got := s.review(t, path, token); got.Reason != ReasonDegraded+recallStale {
+		t.Errorf("reason %q, want %q", got.Reason, ReasonDegraded+recallStale)
+	}
+}
+
+// TestDegradedOff: with a zero TTL nothing is kept, and degraded mode
+// answers nothing.
+func TestDegradedOff(t *testing.T) {
+	s := newDegradedSetup(t, 0)
+	token := fakeJWT("alice", time.Time{})
+	s.f.tokens[token] = alice
+	s.f.policy = allowUser("alice")
+	s.review(t, "/api/v1/pods", token)
+	s.degraded.Store(true)
+	if got := s.review(t, "/api/v1/pods", token); got.Verdict == Allowed {
+		t.Fatalf("allowed with degraded mode off")
+	}
+	if n := len(s.d.recall.tokens); n != 0 {
+		t.Errorf("%d tokens kept with a zero TTL", n)
+	}
+}
+
+func TestJWTExpiry(t *testing.T) {
+	exp := time.Unix(1900000000, 0)
+	for _, tc := range []struct {
+		token   string
+		want    time.Time
+		wantJWT bool
+	}{
+		{fakeJWT("a", exp), exp, true},
+		{fakeJWT("a", time.Time{}), time.Time{}, true},
+		{"opaque", time.Time{}, false},
+		{"a.b.c", time.Time{}, false},
+		{"abcdef.0123456789abcdef", time.Time{}, false}, // bootstrap token
+	} {
+		got, ok := jwtExpiry(tc.token)
+		if ok != tc.wantJWT || !got.Equal(tc.want) {
+			t.Errorf("jwtExpiry(%q) = %v, %t; want %v, %t", tc.token, got, ok, tc.want, tc.wantJWT)
+		}
+	}
+}
