@@ -137,6 +137,46 @@ func (d Dir) CDF(name, title string, sets map[string][]time.Duration) (string, e
 	return d.save(p, name)
 }
 
+// Cumulative draws, for each set of times (from a common start), how many
+// of its events had happened by each moment, as steps, and writes the chart
+// to name in d: e.g. informers synced over time in a start-up storm.
+func (d Dir) Cumulative(name, title, yLabel string, sets map[string][]time.Duration) (string, error) {
+	names := make([]string, 0, len(sets))
+	for n := range sets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "time (s)"
+	p.Y.Label.Text = yLabel
+	p.X.Min, p.Y.Min = 0, 0
+	p.Add(plotter.NewGrid())
+	for i, n := range names {
+		ts := slices.Clone(sets[n])
+		if len(ts) == 0 {
+			continue
+		}
+		slices.Sort(ts)
+		pts := plotter.XYs{{X: 0, Y: 0}}
+		for j, t := range ts {
+			x := t.Seconds()
+			pts = append(pts, plotter.XY{X: x, Y: float64(j)}, plotter.XY{X: x, Y: float64(j + 1)})
+		}
+		line, err := plotter.NewLine(pts)
+		if err != nil {
+			return "", fmt.Errorf("%s: %s: %w", name, n, err)
+		}
+		line.Color = plotutil.Color(i)
+		line.Dashes = plotutil.Dashes(i)
+		p.Add(line)
+		p.Legend.Add(n, line)
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return d.save(p, name)
+}
+
 func (d Dir) save(p *plot.Plot, name string) (string, error) {
 	if !strings.HasSuffix(name, ".png") {
 		name += ".png"

@@ -26,7 +26,15 @@ func TestCharts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range []string{lines, cdf} {
+	timeline, err := d.Cumulative("storm", "informers synced", "informers synced", map[string][]time.Duration{
+		"agent":  {300 * time.Millisecond, 100 * time.Millisecond, 1200 * time.Millisecond},
+		"direct": {2 * time.Second, 3 * time.Second},
+		"none":   nil,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{lines, cdf, timeline} {
 		f, err := os.Open(path)
 		if err != nil {
 			t.Fatal(err)
