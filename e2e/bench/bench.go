@@ -248,29 +248,31 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 		rep.Heap.RatioSynced, rep.Heap.RatioWarm = heap.coldPerPod/heap.informerPerPod, heap.warmPerPod/heap.informerPerPod
 	}
 
-	out := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(os.Stdout, "\nkube-apicache bench: %d pods (%d on %s), %d services; %d requests per case and path, %d in flight, Accept %q\n\n",
 		b.o.pods, b.o.nodePods, sandbox.NodeName, b.o.services, b.o.requests, b.o.inflight, b.o.accept)
-	fmt.Fprintln(out, "case\tp50 agent\tp50 direct\tp50 ratio\tp99 agent\tp99 direct\tp99 ratio\tapiserver CPU-s/1k agent\tdirect\tagent CPU-s/1k\tupstream/1k agent\tdirect\terrors\t")
-	for _, r := range rows {
-		fmt.Fprintf(out, "%s\t%v\t%v\t%.3f\t%v\t%v\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%d/%d\t\n", r.c.name,
-			r.agent.p50, r.direct.p50, ratio(r.agent.p50, r.direct.p50),
-			r.agent.p99, r.direct.p99, ratio(r.agent.p99, r.direct.p99),
-			perK(r.agent.apiserverS, r.agent.requests), perK(r.direct.apiserverS, r.direct.requests),
-			perK(r.agent.agentS, r.agent.requests),
-			perK(float64(r.agent.upstream), r.agent.requests), perK(float64(r.direct.upstream), r.direct.requests),
-			r.agent.errors, r.direct.errors)
-	}
-	_ = out.Flush()
-	fmt.Println()
-	for _, r := range rows {
-		if r.agent.upstreamDet != "" {
-			fmt.Printf("upstream requests during %q through the agent: %s\n", r.c.name, r.agent.upstreamDet)
+	if len(rows) > 0 {
+		out := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(out, "case\tp50 agent\tp50 direct\tp50 ratio\tp99 agent\tp99 direct\tp99 ratio\tapiserver CPU-s/1k agent\tdirect\tagent CPU-s/1k\tupstream/1k agent\tdirect\terrors\t")
+		for _, r := range rows {
+			fmt.Fprintf(out, "%s\t%v\t%v\t%.3f\t%v\t%v\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%d/%d\t\n", r.c.name,
+				r.agent.p50, r.direct.p50, ratio(r.agent.p50, r.direct.p50),
+				r.agent.p99, r.direct.p99, ratio(r.agent.p99, r.direct.p99),
+				perK(r.agent.apiserverS, r.agent.requests), perK(r.direct.apiserverS, r.direct.requests),
+				perK(r.agent.agentS, r.agent.requests),
+				perK(float64(r.agent.upstream), r.agent.requests), perK(float64(r.direct.upstream), r.direct.requests),
+				r.agent.errors, r.direct.errors)
 		}
+		_ = out.Flush()
+		fmt.Println()
+		for _, r := range rows {
+			if r.agent.upstreamDet != "" {
+				fmt.Printf("upstream requests during %q through the agent: %s\n", r.c.name, r.agent.upstreamDet)
+			}
+		}
+		fmt.Println(reviewSummary)
+		fmt.Println()
 	}
-	fmt.Println(reviewSummary)
-	fmt.Println()
-	out = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	out := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(out, "heap per cached pod\tbytes\tpods\thow\t")
 	fmt.Fprintf(out, "agent cache, synced (in-process, %d copies)\t%.0f\t%d\tHeapAlloc after GC, before/after sync\t\n", b.o.copies, heap.coldPerPod, heap.pods)
 	fmt.Fprintf(out, "agent cache, after a JSON and a protobuf list (in-process, %d copies)\t%.0f\t%d\tHeapAlloc after GC, before/after sync and lists\t\n", b.o.copies, heap.warmPerPod, heap.pods)
@@ -305,7 +307,9 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	for _, v := range cold {
 		rep.ColdStart = append(rep.ColdStart, coldStartJSON{
 			Variant: v.name, ReadyMs: msAll(v.ready), InterceptingMs: msAll(v.intercepting),
-			ReadyMedianMs: msOf(v.median(v.ready)), ReadyMaxMs: msOf(v.ready[len(v.ready)-1]), TargetMs: msOf(coldStartTarget),
+			ReadyMedianMs: msOf(v.median(v.ready)), ReadyMaxMs: msOf(v.ready[len(v.ready)-1]),
+			InterceptMed: msOf(v.median(v.intercepting)), InterceptMax: msOf(v.intercepting[len(v.intercepting)-1]),
+			TargetMs: msOf(coldStartTarget), CSRsIssued: v.csrs,
 		})
 	}
 	if err := ch.write(benchplot.Dir(*outDir), rep); err != nil {

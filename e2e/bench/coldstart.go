@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
@@ -20,7 +21,9 @@ import (
 // the process's start until /readyz and /intercepting answer 200, with
 // the serving certificate from a file (--tls-cert-file) and through the
 // CSR API (approved by `kube-apicache approver`, issued by
-// kube-controller-manager), in turn, -cold-start-runs times each.
+// kube-controller-manager), in turn, -cold-start-runs times each. /readyz
+// answers once the agent has decided whether to intercept; /intercepting,
+// once pods' traffic to the VIP reaches it: the target is judged on that.
 var coldStartRuns = flag.Int("cold-start-runs", 3, "agent starts of the \""+coldStartCase+"\" case per serving-certificate source (0 skips it)")
 
 const (
@@ -38,6 +41,8 @@ type coldStartVariant struct {
 	// ready and intercepting are, per start, the time from the process's
 	// start until /readyz, and /intercepting, answered 200 (sorted).
 	ready, intercepting []time.Duration
+	// csrs counts the CSRs the agent's identity had issued meanwhile.
+	csrs int
 }
 
 func (v *coldStartVariant) median(s []time.Duration) time.Duration { return s[len(s)/2] }
@@ -69,7 +74,17 @@ func (b *bench) coldStart(ctx context.Context, agentBin string) ([]*coldStartVar
 	}
 	for i := 0; i < runs && runErr == nil; i++ {
 		for _, v := range variants {
+			csrs0, err := b.agentCSRsIssued(ctx)
+			if err != nil {
+				runErr = err
+				break
+			}
 			ready, intercepting, err := b.startOnce(ctx, pod, agentBin, args[v.name])
+			if err == nil {
+				var csrs1 int
+				csrs1, err = b.agentCSRsIssued(ctx)
+				v.csrs += csrs1 - csrs0
+			}
 			if err != nil {
 				runErr = fmt.Errorf("%s, %s: %w", coldStartCase, v.name, err)
 				break
@@ -94,6 +109,22 @@ func (b *bench) coldStart(ctx context.Context, agentBin string) ([]*coldStartVar
 		slices.Sort(v.intercepting)
 	}
 	return variants, nil
+}
+
+// agentCSRsIssued counts the CSRs of the agent's identity that have a
+// certificate.
+func (b *bench) agentCSRsIssued(ctx context.Context) (int, error) {
+	list, err := b.c.Admin.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, csr := range list.Items {
+		if csr.Spec.Username == sandbox.AgentUsername() && len(csr.Status.Certificate) > 0 {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // startApprover runs `kube-apicache approver` in a pod of its own and
@@ -152,21 +183,22 @@ func printColdStart(variants []*coldStartVariant) {
 	if len(variants) == 0 {
 		return
 	}
-	fmt.Printf("\n%s: from the agent process's start until /readyz and /intercepting answered 200, %d starts each (target: ready within %v)\n",
+	fmt.Printf("\n%s: from the agent process's start until /readyz and /intercepting answered 200, %d starts each (target: intercepting within %v)\n",
 		coldStartCase, len(variants[0].ready), coldStartTarget)
 	for _, v := range variants {
-		fmt.Printf("  %-17s ready median %v max %v (all %v); intercepting median %v max %v\n", v.name+":",
-			v.median(v.ready).Round(time.Millisecond), v.ready[len(v.ready)-1].Round(time.Millisecond), roundAll(v.ready),
-			v.median(v.intercepting).Round(time.Millisecond), v.intercepting[len(v.intercepting)-1].Round(time.Millisecond))
+		fmt.Printf("  %-17s ready median %v max %v; intercepting median %v max %v (all %v); %d CSRs issued\n", v.name+":",
+			v.median(v.ready).Round(time.Millisecond), v.ready[len(v.ready)-1].Round(time.Millisecond),
+			v.median(v.intercepting).Round(time.Millisecond), v.intercepting[len(v.intercepting)-1].Round(time.Millisecond),
+			roundAll(v.intercepting), v.csrs)
 	}
 	for _, v := range variants {
-		worst := v.ready[len(v.ready)-1]
+		worst := v.intercepting[len(v.intercepting)-1]
 		word := "meets"
 		if worst > coldStartTarget {
 			word = "misses"
 		}
-		fmt.Printf("%s, %s: ready max %v, median %v (target at most %v): %s\n", coldStartCase, v.name,
-			worst.Round(time.Millisecond), v.median(v.ready).Round(time.Millisecond), coldStartTarget, word)
+		fmt.Printf("%s, %s: intercepting max %v, median %v (target at most %v): %s\n", coldStartCase, v.name,
+			worst.Round(time.Millisecond), v.median(v.intercepting).Round(time.Millisecond), coldStartTarget, word)
 	}
 }
 

@@ -153,7 +153,11 @@ type (
 		InterceptingMs []float64 `json:"interceptingMs"`
 		ReadyMedianMs  float64   `json:"readyMedianMs"`
 		ReadyMaxMs     float64   `json:"readyMaxMs"`
-		TargetMs       float64   `json:"targetMs"`
+		InterceptMed   float64   `json:"interceptingMedianMs"`
+		InterceptMax   float64   `json:"interceptingMaxMs"`
+		// TargetMs applies to intercepting.
+		TargetMs   float64 `json:"targetMs"`
+		CSRsIssued int     `json:"csrsIssued"`
 	}
 	churnWindowJSON struct {
 		TookMs     float64 `json:"windowMs"`

@@ -167,8 +167,8 @@ func (r *stalenessResult) print() {
 		stalenessCase, benchNS, r.pod, len(r.agent)+r.missed, r.missed)
 	line := func(what string, agent, direct []time.Duration) {
 		a50, d50, a99, d99 := pct(agent, 50), pct(direct, 50), pct(agent, 99), pct(direct, 99)
-		fmt.Printf("  %-36s agent p50 %v p99 %v; direct p50 %v p99 %v; agent/direct p50 %.3f p99 %.3f; agent minus direct p50 %s p99 %s\n",
-			what, a50, a99, d50, d99, ratio(a50, d50), ratio(a99, d99), ms(a50-d50), ms(a99-d99))
+		fmt.Printf("  %-36s agent p50 %v p99 %v; direct p50 %v p99 %v; agent/direct p50 %s p99 %s; agent minus direct p50 %s p99 %s\n",
+			what, a50, a99, d50, d99, ratioText(a50, d50), ratioText(a99, d99), ms(a50-d50), ms(a99-d99))
 	}
 	line("get with resourceVersion=0, polled:", r.agent, r.direct)
 	fmt.Printf("  %-36s %.2f stale reads per write through the agent, %.2f direct\n", "",
@@ -176,10 +176,18 @@ func (r *stalenessResult) print() {
 	if w := r.watch; w != nil {
 		line("watch-list (informer):", w.agentAck, w.directAck)
 	}
-	a50, d50 := pct(r.agent, 50), pct(r.direct, 50)
-	fmt.Printf("%s: resourceVersion=0 read, agent/direct p50 %.3f, p99 %.3f\n", stalenessCase, ratio(a50, d50), ratio(pct(r.agent, 99), pct(r.direct, 99)))
+	fmt.Printf("%s: resourceVersion=0 read, agent/direct p50 %s, p99 %s\n", stalenessCase,
+		ratioText(pct(r.agent, 50), pct(r.direct, 50)), ratioText(pct(r.agent, 99), pct(r.direct, 99)))
 	if w := r.watch; w != nil {
-		fmt.Printf("%s: informer, agent/direct p50 %.3f, p99 %.3f\n", stalenessCase,
-			ratio(pct(w.agentAck, 50), pct(w.directAck, 50)), ratio(pct(w.agentAck, 99), pct(w.directAck, 99)))
+		fmt.Printf("%s: informer, agent/direct p50 %s, p99 %s (an event that arrived before the write's answer counts as 0)\n", stalenessCase,
+			ratioText(pct(w.agentAck, 50), pct(w.directAck, 50)), ratioText(pct(w.agentAck, 99), pct(w.directAck, 99)))
 	}
+}
+
+// ratioText is agent/direct to three places, or "n/a" when direct is 0.
+func ratioText(agent, direct time.Duration) string {
+	if direct == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.3f", ratio(agent, direct))
 }

@@ -6,10 +6,12 @@ package benchplot
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -115,7 +117,7 @@ func (d Dir) CDF(name, title string, sets map[string][]time.Duration) (string, e
 	p.X.Label.Text = "latency (ms, log scale)"
 	p.Y.Label.Text = "fraction of requests"
 	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.X.Tick.Marker = LogTicks125{}
 	p.Y.Min, p.Y.Max = 0, 1
 	p.Add(plotter.NewGrid())
 	for i, s := range series {
@@ -175,6 +177,33 @@ func (d Dir) Cumulative(name, title, yLabel string, sets map[string][]time.Durat
 	p.Legend.Top = true
 	p.Legend.Left = true
 	return d.save(p, name)
+}
+
+// LogTicks125 marks a log axis at 1, 2 and 5 times each power of ten,
+// labelled, and at the other multiples, unlabelled, so that an axis
+// spanning less than a decade (latencies of 2 to 20 ms) still reads.
+type LogTicks125 struct{}
+
+var _ plot.Ticker = LogTicks125{}
+
+// Ticks implements plot.Ticker.
+func (LogTicks125) Ticks(lo, hi float64) []plot.Tick {
+	lo = max(lo, 1e-9)
+	var ticks []plot.Tick
+	for e := int(math.Floor(math.Log10(lo))); math.Pow10(e) <= hi; e++ {
+		for m := 1; m <= 9; m++ {
+			v := float64(m) * math.Pow10(e)
+			if v < lo*(1-1e-9) || v > hi*(1+1e-9) {
+				continue
+			}
+			t := plot.Tick{Value: v}
+			if m == 1 || m == 2 || m == 5 {
+				t.Label = strconv.FormatFloat(v, 'f', max(-e, 0), 64)
+			}
+			ticks = append(ticks, t)
+		}
+	}
+	return ticks
 }
 
 func (d Dir) save(p *plot.Plot, name string) (string, error) {
