@@ -152,7 +152,7 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 			return err
 		}
 		if b.o.profileDir != "" {
-			if err := m.profileAgent(ctx, bc.name, m.requester(bc, true)); err != nil {
+			if err := m.profileAgent(ctx, bc.name, 1, m.requester(bc, true)); err != nil {
 				return err
 			}
 		}
@@ -292,11 +292,13 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 		staleness.print()
 	}
 	idle.print()
+	idle.report(rep)
 	sizing, err := b.sizing(ctx)
 	if err != nil {
 		return err
 	}
 	sizing.print()
+	sizing.report(rep)
 	// and the agent's start to ready, as it replaces the agent (and
 	// leaves it as it was).
 	cold, err := b.coldStart(ctx, agentBin)
@@ -312,18 +314,20 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 			TargetMs: msOf(coldStartTarget), CSRsIssued: v.csrs,
 		})
 	}
-	if err := ch.write(benchplot.Dir(*outDir), rep); err != nil {
-		return err
-	}
 	// Last, as it replaces the agent: the rule sync on a large nat table.
 	if b.o.natServices > 0 && b.o.cases.MatchString("nat sync") {
 		empty, full, dump, err := b.natSyncCost(ctx, agentBin, b.o.natServices, b.o.natEndpoints, b.o.natWindow)
 		if err != nil {
+			// What was measured before is kept.
+			if werr := ch.write(benchplot.Dir(*outDir), rep); werr != nil {
+				logf("%v", werr)
+			}
 			return fmt.Errorf("nat sync: %w", err)
 		}
 		printNATSync(empty, full, dump)
+		rep.NATSync = &natSyncJSON{Empty: natSyncOf(empty), Full: natSyncOf(full)}
 	}
-	return nil
+	return ch.write(benchplot.Dir(*outDir), rep)
 }
 
 func ratio(a, b time.Duration) float64 {

@@ -16,12 +16,12 @@ import (
 )
 
 // profileAgent captures a CPU profile of the agent while the client pod
-// sends the case name's requests through it (each call of load sends one),
-// and writes it to the profile directory as <case>.pprof (read it with go
+// sends the case name's requests through it (each call of load sends
+// perCall of them), and writes it to the profile directory as <case>.pprof (read it with go
 // tool pprof). It runs after the case's measured requests, so the profiler
 // does not skew the latencies: the requests keep coming, o.inflight at a
 // time, until the agent's /debug/pprof/profile answers after o.profileTime.
-func (m *measurer) profileAgent(ctx context.Context, name string, load func(context.Context) (time.Duration, error)) error {
+func (m *measurer) profileAgent(ctx context.Context, name string, perCall int, load func(context.Context) (time.Duration, error)) error {
 	secs := int((m.b.o.profileTime + time.Second - 1) / time.Second)
 	client := &http.Client{
 		Timeout:   time.Duration(secs)*time.Second + time.Minute,
@@ -92,12 +92,13 @@ func (m *measurer) profileAgent(ctx context.Context, name string, load func(cont
 	if err := os.WriteFile(file, profile, 0o644); err != nil {
 		return err
 	}
+	requests := sent.Load() * int64(perCall)
 	perReq := 0.0
-	if n := sent.Load(); n > 0 {
-		perReq = cpu * 1000 / float64(n)
+	if requests > 0 {
+		perReq = cpu * 1000 / float64(requests)
 	}
 	logf("%s: agent CPU profile in %s (%d requests in %v, %.3f agent CPU-ms per request)",
-		name, file, sent.Load(), elapsed.Round(time.Millisecond), perReq)
+		name, file, requests, elapsed.Round(time.Millisecond), perReq)
 	return nil
 }
 

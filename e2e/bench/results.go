@@ -39,6 +39,42 @@ type (
 		WatchChurn *churnJSON       `json:"watchChurn,omitempty"`
 		WatchLat   *latencyJSON     `json:"watchEventLatency,omitempty"`
 		WatchMem   *memoryJSON      `json:"watchMemory,omitempty"`
+		Idle       *idleJSON        `json:"idle,omitempty"`
+		Sizing     *sizingJSON      `json:"sizing,omitempty"`
+		NATSync    *natSyncJSON     `json:"natSync,omitempty"`
+	}
+	idleJSON struct {
+		TookMs   float64            `json:"windowMs"`
+		Requests map[string]int     `json:"requestsBeyondWatches"`
+		Watches  map[string]int     `json:"watchesOpened"`
+		Held     []string           `json:"watchesHeld"`
+		Probes   map[string]float64 `json:"readyzProbes,omitempty"`
+		Heap     float64            `json:"heapBytes"`
+		Resident float64            `json:"residentBytes"`
+		Objects  map[string]float64 `json:"cachedObjects"`
+	}
+	sizingJSON struct {
+		Objects         int     `json:"objects"`
+		PerService      float64 `json:"serviceBytes"`
+		PerServiceWarm  float64 `json:"serviceWarmBytes"`
+		PerSlice1       float64 `json:"endpointSliceOf1Bytes"`
+		PerSlice1Warm   float64 `json:"endpointSliceOf1WarmBytes"`
+		PerEndpoint     float64 `json:"endpointBytes"`
+		PerEndpointWarm float64 `json:"endpointWarmBytes"`
+	}
+	natSyncTableJSON struct {
+		Services      int     `json:"services"`
+		Rules         int     `json:"rules"`
+		Syncs         float64 `json:"syncs"`
+		ChildCPUMs    float64 `json:"iptablesCPUPerSyncMs"`
+		SyncMs        float64 `json:"wallPerSyncMs"`
+		Refreshes     float64 `json:"livenessRefreshes"`
+		LateRefreshes float64 `json:"lateLivenessRefreshes"`
+		MaxGap        string  `json:"largestRefreshGap"`
+	}
+	natSyncJSON struct {
+		Empty natSyncTableJSON `json:"emptyTable"`
+		Full  natSyncTableJSON `json:"fullTable"`
 	}
 	machineInfo struct {
 		CPUs        int    `json:"cpus"`
@@ -388,4 +424,27 @@ func (s *stalenessResult) report(r *report, c *charts) {
 	}
 	r.Staleness = j
 	c.cdf(stalenessCase+" after a direct write", sets)
+}
+
+// report adds the idle case, if it ran, to the results.
+func (r *idleResult) report(rep *report) {
+	if r == nil {
+		return
+	}
+	rep.Idle = &idleJSON{TookMs: msOf(r.took), Requests: r.requests, Watches: r.watches, Held: r.held, Probes: r.probes,
+		Heap: r.heap, Resident: r.resident, Objects: r.objects}
+}
+
+// report adds the sizing case, if it ran, to the results.
+func (r *sizingResult) report(rep *report) {
+	if r == nil {
+		return
+	}
+	rep.Sizing = &sizingJSON{Objects: r.n, PerService: r.perService, PerServiceWarm: r.perServiceWarm, PerSlice1: r.perSlice1,
+		PerSlice1Warm: r.perSlice1Warm, PerEndpoint: r.perEndpoint, PerEndpointWarm: r.perEndpointWarm}
+}
+
+func natSyncOf(r natSyncResult) natSyncTableJSON {
+	return natSyncTableJSON{Services: r.services, Rules: r.rules, Syncs: r.syncs, ChildCPUMs: msOf(r.childCPU), SyncMs: msOf(r.syncTime),
+		Refreshes: r.refreshes, LateRefreshes: r.lateRefreshes, MaxGap: r.maxGap}
 }

@@ -286,7 +286,7 @@ func (b *bench) writes(ctx context.Context, m *measurer) (*writesResult, error) 
 		logf("%s: %s p50 agent %v, direct %v", writesCase, verb, r.agent.p(verb, 50), r.direct.p(verb, 50))
 	}
 	if b.o.profileDir != "" {
-		if err := m.profileAgent(ctx, writesCase, writeCycle(writers[true])); err != nil {
+		if err := m.profileAgent(ctx, writesCase, len(writeVerbs), writeCycle(writers[true])); err != nil {
 			return nil, err
 		}
 	}
