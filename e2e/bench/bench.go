@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/kube-apicache/kube-apicache/e2e/benchplot"
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
 
@@ -41,6 +42,8 @@ type result struct {
 	upstream    int     // requests kube-apiserver received from the client or the agent
 	requests    int
 	upstreamDet string
+	// samples are the measured latencies, sorted.
+	samples []time.Duration
 }
 
 type benchCase struct {
@@ -133,6 +136,7 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	if err != nil {
 		return err
 	}
+	rep, ch := newReport(b.o), &charts{}
 	type row struct {
 		c             benchCase
 		agent, direct result
@@ -148,7 +152,7 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 			return err
 		}
 		if b.o.profileDir != "" {
-			if err := m.profileAgent(ctx, bc); err != nil {
+			if err := m.profileAgent(ctx, bc.name, 1, m.requester(bc, true)); err != nil {
 				return err
 			}
 		}
@@ -158,6 +162,8 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 		}
 		logf("%s: agent p50 %v, direct p50 %v", bc.name, agentRes.p50, directRes.p50)
 		rows = append(rows, row{bc, agentRes, directRes})
+		rep.Reads = append(rep.Reads, readOf(bc.name, agentRes, directRes))
+		ch.cdf(bc.name, map[string][]time.Duration{"agent": agentRes.samples, "direct": directRes.samples})
 	}
 
 	// Over the whole run (warm-ups, every case, longer than the decision
@@ -177,6 +183,9 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	}
 	reviewSummary := fmt.Sprintf("agent's TokenReviews+SubjectAccessReviews over the whole run (%v, warm-ups included): %.0f for %.0f reviewed reads, %.2f per 1,000 reads",
 		time.Since(measureStart).Round(time.Second), reviews, reads, perK(reviews, int(reads)))
+	if len(rows) > 0 {
+		rep.Reviews = reviewSummary
+	}
 
 	// and the heap per pod of the agent's cache and of a typed informer.
 	// and an informer start-up storm along both paths,
@@ -186,6 +195,11 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 		if stormAgent, stormDirect, err = b.storm(ctx, m, b.o.storm); err != nil {
 			return err
 		}
+		rep.Storm = &stormJSON{Informers: b.o.storm, Agent: stormPathOf(stormAgent), Direct: stormPathOf(stormDirect), Target: stormCPUTarget}
+		if stormDirect.apiserverS > 0 {
+			rep.Storm.CPURatio = stormAgent.apiserverS / stormDirect.apiserverS
+		}
+		ch.storm = map[string][]time.Duration{"agent": stormAgent.syncs, "direct": stormDirect.syncs}
 	}
 
 	// and the watch cases: steady churn under many informers, event
@@ -195,11 +209,32 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	if err != nil {
 		return err
 	}
+	for _, r := range consistent {
+		rep.Consistent = append(rep.Consistent, consistentJSON{
+			readJSON: readOf(fmt.Sprintf("%s, %d in flight", consistentCase, r.inflight), r.agent, r.direct),
+			Inflight: r.inflight, ProbesPerK: perK(r.probes, r.agent.requests),
+		})
+		ch.cdf(fmt.Sprintf("%s, %d in flight", consistentCase, r.inflight), map[string][]time.Duration{"agent": r.agent.samples, "direct": r.direct.samples})
+	}
 
 	watches, err := b.watchCases(ctx, m)
 	if err != nil {
 		return err
 	}
+	watches.report(rep)
+
+	// and forwarded writes, and how stale reads and informers through
+	// the agent are after a write made elsewhere,
+	writes, err := b.writes(ctx, m)
+	if err != nil {
+		return fmt.Errorf("%s: %w", writesCase, err)
+	}
+	writes.report(rep, ch)
+	staleness, err := b.staleness(ctx, m, watches.latency)
+	if err != nil {
+		return fmt.Errorf("%s: %w", stalenessCase, err)
+	}
+	staleness.report(rep, ch)
 
 	heap, err := measureHeap(ctx, b)
 	if err != nil {
@@ -209,30 +244,37 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	if onNode > 0 {
 		agentPerPod = float64(int64(heapAfter)-int64(heapBefore)) / float64(onNode)
 	}
+	rep.Heap = &heapJSON{AgentSynced: heap.coldPerPod, AgentWarm: heap.warmPerPod, Informer: heap.informerPerPod, AgentProcess: agentPerPod,
+		CachedPods: heap.pods, ProcessPodsOn: onNode}
+	if heap.informerPerPod > 0 {
+		rep.Heap.RatioSynced, rep.Heap.RatioWarm = heap.coldPerPod/heap.informerPerPod, heap.warmPerPod/heap.informerPerPod
+	}
 
-	out := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(os.Stdout, "\nkube-apicache bench: %d pods (%d on %s), %d services; %d requests per case and path, %d in flight, Accept %q\n\n",
 		b.o.pods, b.o.nodePods, sandbox.NodeName, b.o.services, b.o.requests, b.o.inflight, b.o.accept)
-	fmt.Fprintln(out, "case\tp50 agent\tp50 direct\tp50 ratio\tp99 agent\tp99 direct\tp99 ratio\tapiserver CPU-s/1k agent\tdirect\tagent CPU-s/1k\tupstream/1k agent\tdirect\terrors\t")
-	for _, r := range rows {
-		fmt.Fprintf(out, "%s\t%v\t%v\t%.3f\t%v\t%v\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%d/%d\t\n", r.c.name,
-			r.agent.p50, r.direct.p50, ratio(r.agent.p50, r.direct.p50),
-			r.agent.p99, r.direct.p99, ratio(r.agent.p99, r.direct.p99),
-			perK(r.agent.apiserverS, r.agent.requests), perK(r.direct.apiserverS, r.direct.requests),
-			perK(r.agent.agentS, r.agent.requests),
-			perK(float64(r.agent.upstream), r.agent.requests), perK(float64(r.direct.upstream), r.direct.requests),
-			r.agent.errors, r.direct.errors)
-	}
-	_ = out.Flush()
-	fmt.Println()
-	for _, r := range rows {
-		if r.agent.upstreamDet != "" {
-			fmt.Printf("upstream requests during %q through the agent: %s\n", r.c.name, r.agent.upstreamDet)
+	if len(rows) > 0 {
+		out := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(out, "case\tp50 agent\tp50 direct\tp50 ratio\tp99 agent\tp99 direct\tp99 ratio\tapiserver CPU-s/1k agent\tdirect\tagent CPU-s/1k\tupstream/1k agent\tdirect\terrors\t")
+		for _, r := range rows {
+			fmt.Fprintf(out, "%s\t%v\t%v\t%.3f\t%v\t%v\t%.3f\t%.3f\t%.3f\t%.3f\t%.1f\t%.1f\t%d/%d\t\n", r.c.name,
+				r.agent.p50, r.direct.p50, ratio(r.agent.p50, r.direct.p50),
+				r.agent.p99, r.direct.p99, ratio(r.agent.p99, r.direct.p99),
+				perK(r.agent.apiserverS, r.agent.requests), perK(r.direct.apiserverS, r.direct.requests),
+				perK(r.agent.agentS, r.agent.requests),
+				perK(float64(r.agent.upstream), r.agent.requests), perK(float64(r.direct.upstream), r.direct.requests),
+				r.agent.errors, r.direct.errors)
 		}
+		_ = out.Flush()
+		fmt.Println()
+		for _, r := range rows {
+			if r.agent.upstreamDet != "" {
+				fmt.Printf("upstream requests during %q through the agent: %s\n", r.c.name, r.agent.upstreamDet)
+			}
+		}
+		fmt.Println(reviewSummary)
+		fmt.Println()
 	}
-	fmt.Println(reviewSummary)
-	fmt.Println()
-	out = tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	out := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(out, "heap per cached pod\tbytes\tpods\thow\t")
 	fmt.Fprintf(out, "agent cache, synced (in-process, %d copies)\t%.0f\t%d\tHeapAlloc after GC, before/after sync\t\n", b.o.copies, heap.coldPerPod, heap.pods)
 	fmt.Fprintf(out, "agent cache, after a JSON and a protobuf list (in-process, %d copies)\t%.0f\t%d\tHeapAlloc after GC, before/after sync and lists\t\n", b.o.copies, heap.warmPerPod, heap.pods)
@@ -245,21 +287,49 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	}
 	printConsistent(consistent)
 	watches.print()
+	if writes != nil {
+		writes.print()
+	}
+	if staleness != nil {
+		staleness.print()
+	}
 	idle.print()
+	idle.report(rep)
 	sizing, err := b.sizing(ctx)
 	if err != nil {
 		return err
 	}
 	sizing.print()
+	sizing.report(rep)
+	// and the agent's start to ready, as it replaces the agent (and
+	// leaves it as it was).
+	cold, err := b.coldStart(ctx, agentBin)
+	if err != nil {
+		return err
+	}
+	printColdStart(cold)
+	for _, v := range cold {
+		rep.ColdStart = append(rep.ColdStart, coldStartJSON{
+			Variant: v.name, ReadyMs: msAll(v.ready), InterceptingMs: msAll(v.intercepting),
+			ReadyMedianMs: msOf(v.median(v.ready)), ReadyMaxMs: msOf(v.ready[len(v.ready)-1]),
+			InterceptMed: msOf(v.median(v.intercepting)), InterceptMax: msOf(v.intercepting[len(v.intercepting)-1]),
+			TargetMs: msOf(coldStartTarget), CSRsIssued: v.csrs,
+		})
+	}
 	// Last, as it replaces the agent: the rule sync on a large nat table.
 	if b.o.natServices > 0 && b.o.cases.MatchString("nat sync") {
 		empty, full, dump, err := b.natSyncCost(ctx, agentBin, b.o.natServices, b.o.natEndpoints, b.o.natWindow)
 		if err != nil {
+			// What was measured before is kept.
+			if werr := ch.write(benchplot.Dir(*outDir), rep); werr != nil {
+				logf("%v", werr)
+			}
 			return fmt.Errorf("nat sync: %w", err)
 		}
 		printNATSync(empty, full, dump)
+		rep.NATSync = &natSyncJSON{Empty: natSyncOf(empty), Full: natSyncOf(full)}
 	}
-	return nil
+	return ch.write(benchplot.Dir(*outDir), rep)
 }
 
 func ratio(a, b time.Duration) float64 {

@@ -13,9 +13,18 @@
 //     informer over the same pods;
 //   - the watch cases (watch.go): kube-apiserver's cost of steady churn
 //     under many informers, event latency, and the agent's heap per
-//     watcher.
+//     watcher;
+//   - forwarded writes (writes.go): create, update, patch and delete
+//     through the agent against direct;
+//   - staleness (staleness.go): after a write made directly, how long
+//     until a resourceVersion=0 read and an informer see it, through the
+//     agent against direct;
+//   - cold start (coldstart.go): an agent's start to ready with the
+//     cluster full, with a certificate file and through the CSR API.
 //
-// It asserts nothing: it prints what it measured.
+// It asserts nothing: it prints what it measured, and writes every figure
+// to a results file (JSON) and latency CDFs and the storm's timeline as
+// charts (PNG) under -out (results.go).
 package main
 
 import (

@@ -170,6 +170,7 @@ func (m *measurer) measure(ctx context.Context, bc benchCase, viaAgent bool) (re
 		return res, fmt.Errorf("%s: every request failed: %v", bc.name, lastEr)
 	}
 	sort.Slice(durations, func(i, j int) bool { return durations[i] < durations[j] })
+	res.samples = durations
 	res.p50 = durations[len(durations)*50/100].Round(10 * time.Microsecond)
 	res.p99 = durations[len(durations)*99/100].Round(10 * time.Microsecond)
 

@@ -16,12 +16,12 @@ import (
 )
 
 // profileAgent captures a CPU profile of the agent while the client pod
-// sends bc's requests through it, and writes it to the profile directory
-// as <case>.pprof (read it with go tool pprof). It runs after the case's
-// measured requests, so the profiler does not skew the latencies: the
-// requests keep coming, o.inflight at a time, until the agent's
-// /debug/pprof/profile answers after o.profileTime.
-func (m *measurer) profileAgent(ctx context.Context, bc benchCase) error {
+// sends the case name's requests through it (each call of load sends
+// perCall of them), and writes it to the profile directory as <case>.pprof (read it with go
+// tool pprof). It runs after the case's measured requests, so the profiler
+// does not skew the latencies: the requests keep coming, o.inflight at a
+// time, until the agent's /debug/pprof/profile answers after o.profileTime.
+func (m *measurer) profileAgent(ctx context.Context, name string, perCall int, load func(context.Context) (time.Duration, error)) error {
 	secs := int((m.b.o.profileTime + time.Second - 1) / time.Second)
 	client := &http.Client{
 		Timeout:   time.Duration(secs)*time.Second + time.Minute,
@@ -56,7 +56,7 @@ func (m *measurer) profileAgent(ctx context.Context, bc benchCase) error {
 		}
 	}()
 
-	get := m.requester(bc, true)
+	get := load
 	cpuBefore := m.cpu(m.agentPID)
 	start := time.Now()
 	var (
@@ -83,21 +83,22 @@ func (m *measurer) profileAgent(ctx context.Context, bc benchCase) error {
 	elapsed := time.Since(start)
 	cpu := m.cpu(m.agentPID) - cpuBefore
 	if profErr != nil {
-		return fmt.Errorf("profiling the agent during %s: %w", bc.name, profErr)
+		return fmt.Errorf("profiling the agent during %s: %w", name, profErr)
 	}
 	if n := failed.Load(); n > 0 {
-		return fmt.Errorf("profiling the agent during %s: %d requests failed, last: %v", bc.name, n, lastErr.Load())
+		return fmt.Errorf("profiling the agent during %s: %d requests failed, last: %v", name, n, lastErr.Load())
 	}
-	file := filepath.Join(m.b.o.profileDir, profileName(bc.name)+".pprof")
+	file := filepath.Join(m.b.o.profileDir, profileName(name)+".pprof")
 	if err := os.WriteFile(file, profile, 0o644); err != nil {
 		return err
 	}
+	requests := sent.Load() * int64(perCall)
 	perReq := 0.0
-	if n := sent.Load(); n > 0 {
-		perReq = cpu * 1000 / float64(n)
+	if requests > 0 {
+		perReq = cpu * 1000 / float64(requests)
 	}
 	logf("%s: agent CPU profile in %s (%d requests in %v, %.3f agent CPU-ms per request)",
-		bc.name, file, sent.Load(), elapsed.Round(time.Millisecond), perReq)
+		name, file, requests, elapsed.Round(time.Millisecond), perReq)
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/url"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +22,8 @@ type stormResult struct {
 	idleS      float64       // of those, what it uses idle over the same time
 	bytes      float64       // bytes kube-apiserver sent: responses and watch events
 	failed     int           // processes that did not sync
+	// syncs are the times after the start each process synced, sorted.
+	syncs []time.Duration
 	// outcomes are the agent's cache outcomes for watches during the
 	// storm (agent path only), e.g. "hit" or "forwarded/review-error".
 	outcomes map[string]float64
@@ -83,6 +86,7 @@ func (b *bench) stormOnce(ctx context.Context, m *measurer, n int, env []string)
 		return res, err
 	}
 	res.synced, res.failed = procs.wait()
+	res.syncs = procs.syncTimes()
 	procs.stop()
 	time.Sleep(time.Second) // let kube-apiserver account for the closed watches
 	res.apiserverS = m.cpu(m.apiserverPIDs...) - cpu0
@@ -120,6 +124,7 @@ type informerProcs struct {
 
 	mu     sync.Mutex // protects the fields below
 	synced time.Duration
+	syncs  []time.Duration
 	failed int
 }
 
@@ -152,7 +157,9 @@ func (b *bench) startInformers(ctx context.Context, n int, timeout time.Duration
 			for sc.Scan() {
 				if strings.HasPrefix(sc.Text(), "SYNCED") {
 					p.mu.Lock()
-					p.synced = max(p.synced, time.Since(p.start))
+					at := time.Since(p.start)
+					p.synced = max(p.synced, at)
+					p.syncs = append(p.syncs, at)
 					p.mu.Unlock()
 					p.settled.Done()
 					// Read on, so that the process never blocks on its
@@ -177,6 +184,14 @@ func (p *informerProcs) wait() (time.Duration, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.synced, p.failed
+}
+
+// syncTimes returns when each process that synced did, after the start,
+// sorted.
+func (p *informerProcs) syncTimes() []time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Sorted(slices.Values(p.syncs))
 }
 
 // stop kills the processes and waits for them.

@@ -434,8 +434,12 @@ type latencyResult struct {
 	pod           string
 	agent, direct []time.Duration
 	// diffs are agent minus direct, write by write.
-	diffs  []time.Duration
-	missed int
+	diffs []time.Duration
+	// agentAck and directAck are the same sightings timed from the
+	// write's answer instead (0 if the event came first), as the
+	// staleness case reports them.
+	agentAck, directAck []time.Duration
+	missed              int
 }
 
 // watchLatency opens a watch-list of the node's pods through the agent
@@ -482,6 +486,7 @@ func (b *bench) watchLatency(ctx context.Context, m *measurer, n int) (*latencyR
 		if _, err := pods.Patch(ctx, r.pod, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			return nil, err
 		}
+		acked := time.Since(start)
 		var agent, direct time.Duration
 		timeout := time.NewTimer(5 * time.Second)
 		for agent == 0 || direct == 0 {
@@ -513,10 +518,12 @@ func (b *bench) watchLatency(ctx context.Context, m *measurer, n int) (*latencyR
 		r.agent = append(r.agent, agent)
 		r.direct = append(r.direct, direct)
 		r.diffs = append(r.diffs, agent-direct)
+		r.agentAck = append(r.agentAck, max(agent-acked, 0))
+		r.directAck = append(r.directAck, max(direct-acked, 0))
 		// Space the writes a little, as unrelated changes come.
 		time.Sleep(10 * time.Millisecond)
 	}
-	for _, s := range [][]time.Duration{r.agent, r.direct, r.diffs} {
+	for _, s := range [][]time.Duration{r.agent, r.direct, r.diffs, r.agentAck, r.directAck} {
 		slices.Sort(s)
 	}
 	if len(r.agent) == 0 {

@@ -6,10 +6,12 @@ package benchplot
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -115,7 +117,7 @@ func (d Dir) CDF(name, title string, sets map[string][]time.Duration) (string, e
 	p.X.Label.Text = "latency (ms, log scale)"
 	p.Y.Label.Text = "fraction of requests"
 	p.X.Scale = plot.LogScale{}
-	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.X.Tick.Marker = LogTicks125{}
 	p.Y.Min, p.Y.Max = 0, 1
 	p.Add(plotter.NewGrid())
 	for i, s := range series {
@@ -135,6 +137,73 @@ func (d Dir) CDF(name, title string, sets map[string][]time.Duration) (string, e
 	p.Legend.Top = true
 	p.Legend.Left = true
 	return d.save(p, name)
+}
+
+// Cumulative draws, for each set of times (from a common start), how many
+// of its events had happened by each moment, as steps, and writes the chart
+// to name in d: e.g. informers synced over time in a start-up storm.
+func (d Dir) Cumulative(name, title, yLabel string, sets map[string][]time.Duration) (string, error) {
+	names := make([]string, 0, len(sets))
+	for n := range sets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	p := plot.New()
+	p.Title.Text = title
+	p.X.Label.Text = "time (s)"
+	p.Y.Label.Text = yLabel
+	p.X.Min, p.Y.Min = 0, 0
+	p.Add(plotter.NewGrid())
+	for i, n := range names {
+		ts := slices.Clone(sets[n])
+		if len(ts) == 0 {
+			continue
+		}
+		slices.Sort(ts)
+		pts := plotter.XYs{{X: 0, Y: 0}}
+		for j, t := range ts {
+			x := t.Seconds()
+			pts = append(pts, plotter.XY{X: x, Y: float64(j)}, plotter.XY{X: x, Y: float64(j + 1)})
+		}
+		line, err := plotter.NewLine(pts)
+		if err != nil {
+			return "", fmt.Errorf("%s: %s: %w", name, n, err)
+		}
+		line.Color = plotutil.Color(i)
+		line.Dashes = plotutil.Dashes(i)
+		p.Add(line)
+		p.Legend.Add(n, line)
+	}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	return d.save(p, name)
+}
+
+// LogTicks125 marks a log axis at 1, 2 and 5 times each power of ten,
+// labelled, and at the other multiples, unlabelled, so that an axis
+// spanning less than a decade (latencies of 2 to 20 ms) still reads.
+type LogTicks125 struct{}
+
+var _ plot.Ticker = LogTicks125{}
+
+// Ticks implements plot.Ticker.
+func (LogTicks125) Ticks(lo, hi float64) []plot.Tick {
+	lo = max(lo, 1e-9)
+	var ticks []plot.Tick
+	for e := int(math.Floor(math.Log10(lo))); math.Pow10(e) <= hi; e++ {
+		for m := 1; m <= 9; m++ {
+			v := float64(m) * math.Pow10(e)
+			if v < lo*(1-1e-9) || v > hi*(1+1e-9) {
+				continue
+			}
+			t := plot.Tick{Value: v}
+			if m == 1 || m == 2 || m == 5 {
+				t.Label = strconv.FormatFloat(v, 'f', max(-e, 0), 64)
+			}
+			ticks = append(ticks, t)
+		}
+	}
+	return ticks
 }
 
 func (d Dir) save(p *plot.Plot, name string) (string, error) {

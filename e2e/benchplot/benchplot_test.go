@@ -4,12 +4,13 @@ import (
 	"encoding/json"
 	"image/png"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
 
-// TestCharts: each chart is a PNG of the requested size, and the results
-// file reads back.
+// TestCharts: each chart is a PNG of the requested size, the results file
+// reads back, and a log axis is labelled at 1, 2 and 5 of each decade.
 func TestCharts(t *testing.T) {
 	d := Dir(t.TempDir())
 	lines, err := d.Lines("cpu vs nodes", "kube-apiserver CPU", "nodes", "CPU-seconds", []Series{
@@ -26,7 +27,15 @@ func TestCharts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, path := range []string{lines, cdf} {
+	timeline, err := d.Cumulative("storm", "informers synced", "informers synced", map[string][]time.Duration{
+		"agent":  {300 * time.Millisecond, 100 * time.Millisecond, 1200 * time.Millisecond},
+		"direct": {2 * time.Second, 3 * time.Second},
+		"none":   nil,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{lines, cdf, timeline} {
 		f, err := os.Open(path)
 		if err != nil {
 			t.Fatal(err)
@@ -45,6 +54,15 @@ func TestCharts(t *testing.T) {
 	var got map[string]float64
 	if err := json.Unmarshal(b, &got); err != nil || got["ratio"] != 0.25 {
 		t.Errorf("results read back as %v, %v", got, err)
+	}
+	var labels []string
+	for _, tick := range (LogTicks125{}).Ticks(0.03, 20) {
+		if tick.Label != "" {
+			labels = append(labels, tick.Label)
+		}
+	}
+	if got, want := strings.Join(labels, " "), "0.05 0.1 0.2 0.5 1 2 5 10 20"; got != want {
+		t.Errorf("LogTicks125 labels %q, want %q", got, want)
 	}
 	if got := FileName("List node pods, RV=\"\" (16 in flight)"); got != "list-node-pods-rv-16-in-flight" {
 		t.Errorf("FileName: %q", got)
