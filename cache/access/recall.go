@@ -98,9 +98,18 @@ func (rc *recall) authenticated(token string, at time.Time) {
 	if !ok {
 		return
 	}
-	k := rc.tokenKey(token)
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
+	t := rc.tokenLocked(rc.tokenKey(token))
+	if at.After(t.authenticated) {
+		t.authenticated = at
+	}
+	t.expires = expires
+}
+
+// tokenLocked returns what is kept for the token of key k, made (pruning
+// first if full) when there is nothing yet. rc.mu is held.
+func (rc *recall) tokenLocked(k string) *recalledToken {
 	t := rc.tokens[k]
 	if t == nil {
 		if len(rc.tokens) >= maxRecalledDecisions {
@@ -109,10 +118,7 @@ func (rc *recall) authenticated(token string, at time.Time) {
 		t = &recalledToken{allowed: map[string]recalledAllow{}}
 		rc.tokens[k] = t
 	}
-	if at.After(t.authenticated) {
-		t.authenticated = at
-	}
-	t.expires = expires
+	return t
 }
 
 // rejected forgets everything kept for token: kube-apiserver no longer
@@ -143,17 +149,9 @@ func (rc *recall) allowed(token, attrs string, u user.Info, sarAt, tokenFloor ti
 	if !ok {
 		return
 	}
-	k := rc.tokenKey(token)
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	t := rc.tokens[k]
-	if t == nil {
-		if len(rc.tokens) >= maxRecalledDecisions {
-			rc.pruneLocked()
-		}
-		t = &recalledToken{allowed: map[string]recalledAllow{}}
-		rc.tokens[k] = t
-	}
+	t := rc.tokenLocked(rc.tokenKey(token))
 	t.user, t.expires = u, expires
 	at := sarAt
 	authAt := t.authenticated
