@@ -19,7 +19,7 @@
 SHELL := /usr/bin/env bash
 GO ?= go
 BIN_DIR ?= $(CURDIR)/_output/bin
-E2E_TIMEOUT ?= 40m
+E2E_TIMEOUT ?= 50m
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 CONFORMANCE_ARGS ?=

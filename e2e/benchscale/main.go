@@ -27,7 +27,7 @@ import (
 
 func main() {
 	var o scale.Options
-	nodes := flag.String("nodes", "1,2,5,10,20", "node counts to measure, increasing")
+	nodes := flag.String("nodes", "1,2,5,10", "node counts to measure, increasing (at most 250)")
 	flag.StringVar(&o.BinDir, "bin-dir", sandbox.DefaultBinDir(), "directory holding etcd, kube-apiserver and kube-controller-manager")
 	flag.IntVar(&o.PodsPerNode, "pods-per-node", 110, "pods bound to each node")
 	flag.IntVar(&o.Clients, "clients", 3, "informer processes per node (pods typed and metadata-only, services, EndpointSlices; half with watch-list)")

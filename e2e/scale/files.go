@@ -54,15 +54,17 @@ func WriteFiles(d benchplot.Dir, res *Results) ([]string, error) {
 	// The storm of the largest point: clients synced against time.
 	last := res.Points[len(res.Points)-1].Nodes
 	var timeline []benchplot.Series
-	for _, p := range res.Points {
-		if p.Nodes != last {
-			continue
+	for _, mode := range []string{"agent", "direct"} {
+		for _, p := range res.Points {
+			if p.Nodes != last || p.Mode != mode {
+				continue
+			}
+			s := benchplot.Series{Name: mode}
+			for i, at := range p.Storm.SyncedAt {
+				s.Points = append(s.Points, benchplot.XY{X: at, Y: float64(i + 1)})
+			}
+			timeline = append(timeline, s)
 		}
-		s := benchplot.Series{Name: p.Mode}
-		for i, at := range p.Storm.SyncedAt {
-			s.Points = append(s.Points, benchplot.XY{X: at, Y: float64(i + 1)})
-		}
-		timeline = append(timeline, s)
 	}
 	path, err = d.Lines("scale-storm-timeline", fmt.Sprintf("start-up storm, %d nodes: clients synced", last), "seconds since the clients started", "clients synced", timeline)
 	if err != nil {

@@ -50,7 +50,7 @@ var CachedResources = []string{"pods", "services", "endpointslices.discovery.k8s
 // Options shape a run.
 type Options struct {
 	// BinDir holds the control-plane binaries.
-	BinDir string
+	BinDir string `json:"-"`
 	// Binaries are the agent and the pod client; built when empty.
 	Binaries sandbox.Binaries `json:"-"`
 	// Nodes are the node counts measured, in increasing order.
