@@ -316,10 +316,11 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 		return ""
 	case p.mode == rvNotOlderThan:
 		want = p.minRV
-	case p.mode == rvConsistent && c.cfg.ConsistentReads == ConsistentProbe && (p.verb != "watch" || p.initialEvents):
-		// A plain watch with resourceVersion unset starts from any recent
-		// state in kube-apiserver too; a watch-list's initial state is a
-		// consistent read.
+	case p.mode == rvConsistent && c.cfg.ConsistentReads == ConsistentProbe && (p.verb != "watch" || p.streaming):
+		// A watch with sendInitialEvents (given, or defaulted for a watch
+		// from "" as kube-apiserver defaults it) starts at
+		// kube-apiserver's current state, with its initial events or
+		// without: a consistent read too.
 		if !p.res.healthy() {
 			return reasonUnhealthy
 		}

@@ -102,6 +102,10 @@ type plan struct {
 	// (sendInitialEvents, set or defaulted). fromRV: it starts after
 	// minRV, at once, whatever the Store's RV.
 	initialEvents, fromRV bool
+	// streaming: sendInitialEvents was given (true or false). With
+	// resourceVersion unset, such a watch starts at kube-apiserver's
+	// current state, a consistent read; without it, at any recent one.
+	streaming bool
 	// snap is the list snapshot taken to check a limit, served as it is
 	// so that the answer is the one that was checked.
 	snap *listSnapshot

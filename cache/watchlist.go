@@ -57,6 +57,7 @@ func (c *Cache) classifyWatch(p *plan, opts *metainternalversion.ListOptions) (*
 		}
 	}
 	p.initialEvents = opts.SendInitialEvents != nil && *opts.SendInitialEvents
+	p.streaming = opts.SendInitialEvents != nil
 	if !p.initialEvents && p.mode == rvNotOlderThan {
 		// A watch from N starts at once, as kube-apiserver's: the events
 		// after N, however far the cache is, skipping those up to N.
