@@ -360,7 +360,14 @@ func TestNFTRedirectKernel(t *testing.T) {
 					}
 					return src
 				}
-				live := func() { t.Helper(); must(t, sets.live.Refresh([]netip.Addr{n.vip.Addr()})) }
+				// Checks that need the element alive refresh it with a
+				// long timeout: a dial on a loaded machine can outlast the
+				// set's one-second default (a SYN retransmission alone
+				// takes a second), and the check is about what answers,
+				// not how fast. Expiry is checked below with the set's own
+				// short timeout, by waiting for the element to go.
+				longLive := netrules.NewNFTTimedSet(nft, tc.family, nftTable, sets.live.Name(), time.Minute)
+				live := func() { t.Helper(); must(t, longLive.Refresh([]netip.Addr{n.vip.Addr()})) }
 
 				// While the liveness element lives, both paths reach the
 				// agent.
@@ -404,7 +411,8 @@ func TestNFTRedirectKernel(t *testing.T) {
 				// redirect.
 				live()
 				expect("node, live again", self, 0, "agent")
-				deadline := time.Now().Add(5 * time.Second)
+				must(t, sets.live.Refresh([]netip.Addr{n.vip.Addr()}))
+				deadline := time.Now().Add(10 * time.Second)
 				for {
 					ips, err := sets.live.Entries()
 					must(t, err)
