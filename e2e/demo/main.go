@@ -677,6 +677,17 @@ func describeDelta(before, after map[outcomeKey]float64) string {
 	return strings.Join(parts, "; ")
 }
 
+// hits is the number of cache hits for resource between two readings.
+func hits(before, after map[outcomeKey]float64, resource string) float64 {
+	n := 0.0
+	for k, v := range after {
+		if k.resource == resource && k.outcome == "hit" {
+			n += v - before[k]
+		}
+	}
+	return n
+}
+
 func printRequests(w io.Writer, families map[string][]sample) {
 	var rows []string
 	for _, s := range families["kube_apicache_requests_total"] {

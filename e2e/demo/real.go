@@ -86,9 +86,7 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 		return err
 	}
 	fmt.Printf("   agent pod Ready %s after the apply\n", time.Since(start).Round(time.Millisecond))
-	if err := waitCacheCaughtUp(ctx, c.DaemonSetAgentMetrics, map[string]float64{"pods": 0, "services": 0}); err != nil {
-		return err
-	}
+	fmt.Println("   (the shipped configuration pins no resource: the agent starts a resource's cache on its first read)")
 	fmt.Println("   $ kubectl get pods -A -o wide")
 	out, err = c.Kubectl(ctx, "get", "pods", "-A", "-o", "wide")
 	printIndented(out)
@@ -112,6 +110,13 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 		return err
 	}
 	if _, err := runRealClient(ctx, c, realClientPod, "informers", "--timeout", "30m"); err != nil {
+		return err
+	}
+	// The pod's informers are the first reads of this node's pods and of
+	// the services: the agent forwards them and starts those caches on
+	// demand. The reads below are answered from them once they synced.
+	fmt.Println("   (its informers are the node's first reads of pods and services: forwarded, and the agent starts those caches)")
+	if err := waitCacheCaughtUp(ctx, c.DaemonSetAgentMetrics, map[string]float64{"pods": 0, "services": 0}); err != nil {
 		return err
 	}
 	exec := func(args ...string) (string, error) {
@@ -160,6 +165,9 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 			return err
 		}
 		fmt.Println("     -> agent: " + describeDelta(before, after))
+		if hits(before, after, "pods") == 0 {
+			return fmt.Errorf("the node-local list %v was not answered from the cache", cmd.args)
+		}
 	}
 
 	step("A watch-list informer, answered from the cache (a second pod: podclient informers, KUBE_FEATURE_WatchListClient=true)")
@@ -181,6 +189,9 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 		return err
 	}
 	fmt.Println("     -> agent: " + describeDelta(before, after))
+	if hits(before, after, "pods") == 0 || hits(before, after, "services") == 0 {
+		return fmt.Errorf("the watch-list informers' initial state was not answered from the cache")
+	}
 
 	step(fmt.Sprintf("Latency: %d sequential GETs of this node's pods, through the agent (VIP) and directly (kube-apiserver)", latencyRounds))
 	fmt.Printf("   (measured from the node's network namespace, as a hostNetwork client, with a token of %s/%s;\n"+
