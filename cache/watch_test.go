@@ -280,7 +280,11 @@ func TestWatchTimeout(t *testing.T) {
 // every event, and the writes of the stuck one hold no other back.
 func TestSlowWatcherEnded(t *testing.T) {
 	old := watchWriteTimeout
-	watchWriteTimeout = time.Second
+	// Long enough that a reader starved of CPU by a loaded machine (the
+	// e2e suite runs beside the unit tests) is not taken for the stuck
+	// one: it reads all the time, only slowly. The stuck one is ended
+	// after it all the same.
+	watchWriteTimeout = 5 * time.Second
 	t.Cleanup(func() { watchWriteTimeout = old })
 	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, cfg := testCache(t, up, wlPod("a", "80"))
