@@ -18,6 +18,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -48,6 +49,12 @@ type options struct {
 	include map[string]bool
 	// list prints the selection and exits.
 	list bool
+	// baselineDir keeps direct runs by their stamp (baseline.go); empty:
+	// the direct run always runs.
+	baselineDir string
+	// parallel makes the runs that run at the same time, each in its own
+	// sandbox.
+	parallel bool
 }
 
 var allRuns = map[string]Run{
@@ -65,6 +72,8 @@ func main() {
 	runs := flag.String("runs", "direct,agent", "runs to make, in order: direct (kube-apiserver's address), agent (the Service VIP)")
 	include := flag.String("include", "", "comma-separated reasons of specs.txt whose excluded specs run anyway, e.g. slow; all for every reason")
 	flag.BoolVar(&o.list, "list", false, "print the selected specs and the excluded ones by reason, and exit (needs no sandbox)")
+	flag.StringVar(&o.baselineDir, "baseline-cache", defaultBaselineDir(), "directory keeping direct runs by the stamp of what decides their results (e2e.test, ginkgo, the control plane, the selected specs, -procs, the sandbox's and this program's sources): a kept run with the current stamp is reused instead of a new direct run; empty: always run")
+	flag.BoolVar(&o.parallel, "parallel", false, "make the runs at the same time, each in its own sandbox (each with -procs processes)")
 	flag.Parse()
 	var err error
 	if o.focus, err = regexp.Compile(*focus); err != nil {
@@ -168,19 +177,35 @@ func run(ctx context.Context, o options) (int, error) {
 	}
 	cfg := RunConfig{BinDir: o.binDir, AgentBin: bins.Agent, OutDir: o.outDir, Selected: selected, Procs: o.procs}
 	results := map[string]*RunResult{}
-	for i, r := range o.runs {
-		// Each run gets an equal share of the time left, less what set-up
-		// and teardown take.
-		deadline, _ := ctx.Deadline()
-		cfg.Timeout = (time.Until(deadline) - 5*time.Minute) / time.Duration(len(o.runs)-i)
-		if cfg.Timeout < time.Minute {
-			return 0, fmt.Errorf("no time left for the %s run", r.Name)
+	stamp := ""
+	var toRun []Run
+	for _, r := range o.runs {
+		if r.Name == "direct" && o.baselineDir != "" {
+			if stamp, err = baselineStamp(o.binDir, selected, o.procs); err != nil {
+				return 0, fmt.Errorf("stamp of the direct run: %w", err)
+			}
+			if k := loadBaseline(o.baselineDir, stamp); k != nil {
+				logf("direct run: reusing the run of %s kept under stamp %s (%s; -baseline-cache= runs it again)",
+					k.Recorded.Format(time.RFC3339), stamp, o.baselineDir)
+				results[r.Name] = k.Result
+				continue
+			}
 		}
-		res, err := runSuite(ctx, cfg, r)
-		if err != nil {
-			return 0, fmt.Errorf("%s run: %w", r.Name, err)
+		toRun = append(toRun, r)
+	}
+	if err := runAll(ctx, cfg, toRun, o.parallel, results); err != nil {
+		return 0, err
+	}
+	if res, ran := results["direct"]; ran && stamp != "" && slices.ContainsFunc(toRun, func(r Run) bool { return r.Name == "direct" }) {
+		// A direct run that proves nothing (no spec passed, a required
+		// spec failed) is not kept: the next run makes a new one.
+		if why := unfitBaseline(res, selected); why != "" {
+			logf("direct run: not kept (%s)", why)
+		} else if err := saveBaseline(o.baselineDir, stamp, res); err != nil {
+			logf("direct run: keeping it: %v", err)
+		} else {
+			logf("direct run: kept under stamp %s in %s", stamp, o.baselineDir)
 		}
-		results[r.Name] = res
 	}
 
 	code := writeResults(&report, o.runs, results, selected)
@@ -189,6 +214,77 @@ func run(ctx context.Context, o options) (int, error) {
 		return 0, err
 	}
 	return code, nil
+}
+
+// runAll makes runs, one after another or all at once, into results. Each
+// run gets an equal share of the time left (all of it when parallel), less
+// what set-up and teardown take.
+func runAll(ctx context.Context, cfg RunConfig, runs []Run, parallel bool, results map[string]*RunResult) error {
+	timeout := func(left int) (time.Duration, error) {
+		deadline, _ := ctx.Deadline()
+		d := (time.Until(deadline) - 5*time.Minute) / time.Duration(left)
+		if d < time.Minute {
+			return 0, fmt.Errorf("no time left for %d run(s)", left)
+		}
+		return d, nil
+	}
+	if !parallel {
+		for i, r := range runs {
+			var err error
+			if cfg.Timeout, err = timeout(len(runs) - i); err != nil {
+				return err
+			}
+			res, err := runSuite(ctx, cfg, r)
+			if err != nil {
+				return fmt.Errorf("%s run: %w", r.Name, err)
+			}
+			results[r.Name] = res
+		}
+		return nil
+	}
+	var err error
+	if cfg.Timeout, err = timeout(1); err != nil {
+		return err
+	}
+	type done struct {
+		name string
+		res  *RunResult
+		err  error
+	}
+	ch := make(chan done, len(runs))
+	for _, r := range runs {
+		go func() {
+			res, err := runSuite(ctx, cfg, r)
+			ch <- done{r.Name, res, err}
+		}()
+	}
+	var errs []error
+	for range runs {
+		d := <-ch
+		if d.err != nil {
+			errs = append(errs, fmt.Errorf("%s run: %w", d.name, d.err))
+			continue
+		}
+		results[d.name] = d.res
+	}
+	return errors.Join(errs...)
+}
+
+// unfitBaseline says why a direct run must not be kept, or "".
+func unfitBaseline(res *RunResult, selected []string) string {
+	passed := 0
+	for _, s := range selected {
+		r := res.Results[s]
+		if r.Passed() {
+			passed++
+		} else if slices.ContainsFunc(requiredSpecs, func(re *regexp.Regexp) bool { return re.MatchString(s) }) {
+			return fmt.Sprintf("required spec %q: %s", s, stateOf(r))
+		}
+	}
+	if passed == 0 {
+		return "no spec passed"
+	}
+	return ""
 }
 
 // writeSelection describes the selection: candidates, exclusions by reason,
