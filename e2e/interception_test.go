@@ -30,6 +30,13 @@ const livenessTimeout = agent.DefaultLivenessTimeout
 // kube-proxy's path.
 const killGapTarget = 1500 * time.Millisecond
 
+// minLoadOK is the fewest successful requests a load run over a scenario
+// (five seconds or more, a request every 20ms on an idle machine) must
+// count for its longest gap to mean something. It is not a rate: on a
+// machine the rest of the suite keeps busy each request takes several
+// times longer, and the gap is what the scenarios bound.
+const minLoadOK = 30
+
 // loadResult is what a podclient load run reports.
 type loadResult struct {
 	OK, Failed, Reads, Writes, FailedReads, FailedWrites int
@@ -198,8 +205,8 @@ func doTestAgentDies(t *testing.T, ns string, sig syscall.Signal, maxGap time.Du
 	if res.LongestGap > maxGap {
 		t.Errorf("longest gap %s, want at most %s", res.LongestGap, maxGap)
 	}
-	if res.OK < 100 {
-		t.Errorf("only %d successful requests", res.OK)
+	if res.OK < minLoadOK {
+		t.Errorf("only %d successful requests, want at least %d", res.OK, minLoadOK)
 	}
 	if nat, _, _ := c.NodeNetState(ctx); !strings.Contains(nat, sandbox.AgentChain) && readNFTState(t, ctx, c).BaseChains == 0 {
 		t.Errorf("the rules are gone; the scenario is meant to leave them to the switch:\n%s", nat)
@@ -226,6 +233,7 @@ func doTestAgentDies(t *testing.T, ns string, sig syscall.Signal, maxGap time.Du
 // until the entry expires; the longest gap a client opening a connection
 // every 20ms sees is at most killGapTarget.
 func TestKilledAgentFailsOpen(t *testing.T) {
+	requireCluster(t)
 	var gaps []time.Duration
 	for i := range 5 {
 		t.Run(fmt.Sprintf("kill-%d", i+1), func(t *testing.T) {

@@ -75,10 +75,7 @@ func asNode(node string) map[string][]string {
 // its node, through the associated-node constraint; and when the
 // impersonation grant is missing, the agent says why and forwards the reads.
 func TestLeastPrivilege(t *testing.T) {
-	c := cluster
-	if c == nil {
-		t.Skip(skipReason)
-	}
+	c := requireCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 

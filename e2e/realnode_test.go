@@ -30,6 +30,11 @@ import (
 // sandbox's default (`make e2e-real-node` sets it).
 const realNodeEnabled = "KUBE_APICACHE_REAL_NODE"
 
+// realNodeGroup is the claim (see claim) of every scenario that starts a
+// real node: one machine runs one at a time, so a sharded run gives them
+// all to one shard.
+const realNodeGroup = "real-node"
+
 // TestRealNode: given a sandbox whose node is a real kubelet with
 // containerd and kube-proxy, when a pod is created on it, then the kubelet
 // runs it, kube-proxy routes the kubernetes Service VIP, the apiserver
@@ -40,6 +45,7 @@ func TestRealNode(t *testing.T) {
 	if os.Getenv(realNodeEnabled) != "1" {
 		t.Skipf("set %s=1 to run the real-node scenario (make e2e-real-node)", realNodeEnabled)
 	}
+	claim(t, realNodeGroup)
 	if os.Geteuid() != 0 {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("the real node needs root")
@@ -221,14 +227,21 @@ func (before hostState) checkRestored(t *testing.T, rn *sandbox.RealNode) {
 	}
 }
 
+// listNetNS lists the named network namespaces, less the sandboxes of
+// other processes (kac-<pid>-*: the other shards of a sharded run, a
+// conformance run beside it), which come and go on their own.
 func listNetNS(t *testing.T) []string {
 	t.Helper()
 	entries, err := os.ReadDir("/var/run/netns")
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
+	ours := fmt.Sprintf("kac-%d-", os.Getpid())
 	var out []string
 	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "kac-") && !strings.HasPrefix(e.Name(), ours) {
+			continue
+		}
 		out = append(out, e.Name())
 	}
 	return out

@@ -16,7 +16,7 @@ import (
 // watch per cached resource per node whatever the clients on the node
 // watch, while without them it holds every client's.
 func TestScaleHarness(t *testing.T) {
-	requireCluster(t)
+	requireBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	const nodes, clients = 2, 2
