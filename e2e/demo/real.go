@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -86,6 +87,12 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 		return err
 	}
 	fmt.Printf("   agent pod Ready %s after the apply\n", time.Since(start).Round(time.Millisecond))
+	// Ready means the agent has decided whether to intercept; the redirect
+	// follows once its certificate verifies and its checks pass.
+	if err := waitIntercepting(ctx, c); err != nil {
+		return err
+	}
+	fmt.Printf("   agent intercepting (its /intercepting answers 200) %s after the apply\n", time.Since(start).Round(time.Millisecond))
 	fmt.Println("   (the shipped configuration pins no resource: the agent starts a resource's cache on its first read)")
 	fmt.Println("   $ kubectl get pods -A -o wide")
 	out, err = c.Kubectl(ctx, "get", "pods", "-A", "-o", "wide")
@@ -257,6 +264,29 @@ func waitAgentReady(ctx context.Context, c *sandbox.Cluster) error {
 	})
 	if err != nil {
 		return fmt.Errorf("agent pod not Ready (last: %q): %w", last, err)
+	}
+	return nil
+}
+
+// waitIntercepting waits until the DaemonSet's agent says it intercepts
+// the VIP (/intercepting on its metrics port, which needs no token).
+func waitIntercepting(ctx context.Context, c *sandbox.Cluster) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		addr, err := c.DaemonSetAgentMetricsAddr(ctx)
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		code, b, err := sandbox.AgentGetWithToken(ctx, c.Node, addr, "/intercepting", "", 5*time.Second)
+		last = fmt.Sprintf("HTTP %d: %s", code, strings.TrimSpace(string(b)))
+		if err != nil {
+			last = err.Error()
+		}
+		return err == nil && code == http.StatusOK, nil
+	})
+	if err != nil {
+		return fmt.Errorf("the agent does not intercept (last /intercepting: %s): %w", last, err)
 	}
 	return nil
 }
