@@ -1,6 +1,9 @@
 # kube-apicache build, test and demo entry points.
 #
-#   make test    unit tests, then the e2e suite against the sandbox cluster
+#   make test    everything CI runs: unit, e2e (with the real node and the
+#                demo), fuzz and conformance, with a table of what took how long
+#   make test-quick
+#                vet, unit tests and the core e2e scenarios (the inner loop)
 #   make demo    sandbox + real node + the DaemonSet + a client pod; Ctrl-C tears
 #                it down (DEMO_ARGS=--emulated: the emulated node)
 #   make bench   cached reads through the agent vs direct kube-apiserver
@@ -26,7 +29,7 @@ CONFORMANCE_ARGS ?=
 IMAGE ?= kube-apicache:latest
 
 .PHONY: all build deps control-plane test unit e2e vet verify-manifests docs demo bench bench-scale fuzz image clean
-.PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists conformance e2e-test
+.PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists conformance e2e-test test-quick
 
 all: build
 
@@ -106,28 +109,24 @@ unit:
 e2e: deps control-plane
 	KUBE_APICACHE_BIN_DIR=$(BIN_DIR) $(GO) test -count=1 -timeout $(E2E_TIMEOUT) ./e2e/...
 
-# The one command CI runs. Unit and e2e tests run in a single go test
-# invocation so the summary covers both. The e2e scenarios' measured
-# figures (go test shows a passing package's logs only with -v) are printed
-# after the run, followed by the package results again.
-FIGURES := $(CURDIR)/_output/e2e-figures.txt
-TEST_LOG := $(CURDIR)/_output/test.log
-CONFORMANCE_LOG := $(CURDIR)/_output/conformance.log
-#
-# The e2e suite includes the real node (containerd, kubelet, kube-proxy) and
-# the DaemonSet from manifests/ on it, with the images built here.
-test: deps node-deps control-plane node-binaries image e2e-images e2e-test vet verify-manifests fuzz
-	@mkdir -p $(dir $(FIGURES)); rm -f $(FIGURES)
-	@set -o pipefail; status=0; \
-	KUBE_APICACHE_FIGURES=$(FIGURES) KUBE_APICACHE_BIN_DIR=$(BIN_DIR) \
-	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_IMAGES_DIR=$(IMAGES_DIR) \
-	  $(GO) test -count=1 -timeout $(E2E_TIMEOUT) ./... 2>&1 | tee $(TEST_LOG) || status=$$?; \
-	if [ -s $(FIGURES) ]; then echo; echo "--- measured figures (e2e)"; cat $(FIGURES); fi; \
-	echo; echo "--- upstream conformance specs, through the agent and directly (make conformance)"; \
-	$(GO) run ./e2e/conformance --bin-dir $(BIN_DIR) $(CONFORMANCE_ARGS) 2>&1 | tee $(CONFORMANCE_LOG) || status=$$?; \
-	echo; echo "--- results"; grep -E '^(ok|FAIL|panic:)' $(TEST_LOG) || true; \
-	grep -E 'specs, passed through the agent' $(CONFORMANCE_LOG) || echo "conformance: no verdict"; \
-	exit $$status
+# The one command CI runs: hack/test.sh. It builds what is missing, runs
+# go vet and the manifest check, then at the same time the unit tests and
+# fuzz targets, the e2e suite in $(E2E_SHARDS) shards (each with its own
+# sandbox, sharing the tests as a work queue; the real-node scenarios and
+# the demo in one of them) and the conformance comparison (make
+# conformance, with the direct run reused while its stamp matches). It ends
+# with the e2e figures, the results, and a table of the phases and the
+# slowest tests. Logs and JSON streams are in _output/test.
+E2E_SHARDS ?= 2
+test:
+	GO=$(GO) BIN_DIR=$(BIN_DIR) IMAGES_DIR=$(IMAGES_DIR) E2E_SHARDS=$(E2E_SHARDS) \
+	  CONFORMANCE_ARGS='$(CONFORMANCE_ARGS)' ./hack/test.sh
+
+# The inner loop while developing: vet, the unit tests and the core e2e
+# scenarios (hack/test.sh's QUICK_TESTS) in one sandbox; no real node,
+# conformance or fuzzing. CI runs make test.
+test-quick:
+	GO=$(GO) BIN_DIR=$(BIN_DIR) ./hack/test.sh quick
 
 # Go native fuzz targets, package:target, each run for FUZZ_EXECS inputs
 # (an execution count, not a duration: the fuzz coordinator can fail with a

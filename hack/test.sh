@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# The test suite behind `make test` (what CI runs) and `make test-quick`
+# (the inner loop while developing).
+#
+#   hack/test.sh          builds, vet, then at the same time: the unit
+#                         tests and fuzz targets, the e2e suite in
+#                         $E2E_SHARDS shards (each its own sandbox; the
+#                         tests are shared out as a work queue, the
+#                         real-node scenarios and the demo all in one
+#                         shard), and the conformance comparison; then the
+#                         figures, the results and a table of the phases
+#                         and the slowest tests
+#   hack/test.sh quick    builds the agent only, vet, the unit tests and
+#                         the core e2e scenarios ($QUICK_TESTS) in one
+#                         shard: no real node, no conformance, no fuzz
+#
+# Everything lands in _output/test: a log per job, the go test JSON
+# streams, the phases (phases.tsv) and the figures. The exit status is
+# non-zero when any phase failed.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+mode=${1:-full}
+case $mode in full | quick) ;; *)
+  echo "usage: hack/test.sh [full|quick]" >&2
+  exit 2
+  ;;
+esac
+
+GO=${GO:-go}
+BIN_DIR=${BIN_DIR:-$root/_output/bin}
+IMAGES_DIR=${IMAGES_DIR:-$root/_output/images}
+E2E_SHARDS=${E2E_SHARDS:-2}
+E2E_TIMEOUT=${E2E_TIMEOUT:-45m}
+CONFORMANCE_ARGS=${CONFORMANCE_ARGS:-}
+# The core e2e scenarios of the inner loop: interception and fail-open in
+# both dataplanes, authorized cached reads, the watch cache and
+# watch-list, consistent reads, the CSR identity, forwarding.
+QUICK_TESTS=${QUICK_TESTS:-'^(TestKilledAgentFailsOpen|TestNFTablesKilledAgentFailsOpen|TestAccessDecisions|TestCacheReadYourWrites|TestWatchListInformers|TestSlowWatcher|TestServingIdentity|TestPassThrough|TestBadStartupInput)$'}
+pkg=github.com/kube-apicache/kube-apicache/e2e
+
+out=$root/_output/test
+rm -rf "$out"
+mkdir -p "$out"
+phases=$out/phases.tsv
+: >"$phases"
+status=0
+
+# record NAME SECONDS RC appends a phase to the table.
+record() {
+  local result=ok
+  [ "$3" -eq 0 ] || result="FAIL (exit $3)"
+  printf '%s\t%s\t%s\n' "$1" "$2" "$result" >>"$phases"
+}
+
+since() { echo "$1 $EPOCHREALTIME" | awk '{printf "%.1f", $2 - $1}'; }
+
+# phase NAME CMD... runs a step in the foreground and records it.
+phase() {
+  local name=$1 start=$EPOCHREALTIME rc=0
+  shift
+  echo "=== phase: $name"
+  "$@" || rc=$?
+  record "$name" "$(since "$start")" "$rc"
+  [ "$rc" -eq 0 ] || status=1
+  return "$rc"
+}
+
+# job NAME CMD... starts a step in the background, its output in
+# $out/NAME.log; wait_jobs waits for them all, printing each job's output
+# as it ends.
+declare -A job_name job_start
+job() {
+  local name=$1
+  shift
+  echo "=== started: $name (log: _output/test/$name.log)"
+  "$@" >"$out/$name.log" 2>&1 &
+  job_name[$!]=$name
+  job_start[$!]=$EPOCHREALTIME
+}
+wait_jobs() {
+  local pid rc name
+  while [ ${#job_name[@]} -gt 0 ]; do
+    rc=0
+    wait -n -p pid "${!job_name[@]}" || rc=$?
+    name=${job_name[$pid]}
+    record "$name" "$(since "${job_start[$pid]}")" "$rc"
+    [ "$rc" -eq 0 ] || status=1
+    echo "=== finished: $name ($(tail -n1 "$phases" | cut -f2-3 | tr '\t' ' '))"
+    cat "$out/$name.log"
+    unset "job_name[$pid]" "job_start[$pid]"
+  done
+}
+
+# e2e_shard I TESTS runs the prebuilt e2e binary as shard I (of the
+# processes sharing $out/claims) through test2json.
+e2e_shard() {
+  local i=$1 run=$2
+  (
+    cd "$root/e2e" &&
+      KUBE_APICACHE_E2E_CLAIMS=$out/claims KUBE_APICACHE_E2E_SHARD=$i \
+        KUBE_APICACHE_FIGURES=$out/figures-$i.txt KUBE_APICACHE_BIN_DIR=$BIN_DIR \
+        KUBE_APICACHE_IMAGES_DIR=$IMAGES_DIR \
+        "$out/e2e.test" -test.v=test2json -test.count=1 -test.timeout "$E2E_TIMEOUT" -test.run "$run" 2>&1
+  ) | "$GO" tool test2json -t -p "$pkg" | "$out/testreport" stream --json "$out/e2e-$i.json"
+  return "${PIPESTATUS[0]}"
+}
+
+unit() {
+  local pkgs
+  pkgs=$("$GO" list ./... | grep -v "^$pkg\$") || return 1
+  # shellcheck disable=SC2086
+  "$GO" test -json -count=1 $pkgs 2>&1 | "$out/testreport" stream --json "$out/unit.json"
+  return "${PIPESTATUS[0]}"
+}
+
+unit_and_fuzz() {
+  local rc=0
+  unit || rc=$?
+  make --no-print-directory fuzz || rc=$?
+  return "$rc"
+}
+
+conformance() {
+  # shellcheck disable=SC2086
+  "$GO" run ./e2e/conformance --bin-dir "$BIN_DIR" --parallel $CONFORMANCE_ARGS
+}
+
+mkdir -p "$out/claims"
+if [ "$mode" = full ]; then
+  phase "build: system packages" make --no-print-directory deps node-deps apt-lists
+  phase "build: control plane" make --no-print-directory control-plane
+  phase "build: node binaries" make --no-print-directory node-binaries
+  phase "build: e2e.test (conformance)" make --no-print-directory e2e-test
+  phase "build: images" make --no-print-directory image e2e-images
+else
+  phase "build: system packages" make --no-print-directory deps
+  phase "build: control plane" make --no-print-directory control-plane
+fi
+phase "vet, manifests" make --no-print-directory vet verify-manifests
+phase "build: test binaries" bash -c "'$GO' build -o '$out/testreport' ./e2e/testreport && '$GO' test -c -o '$out/e2e.test' ./e2e"
+if [ ! -x "$out/e2e.test" ] || [ ! -x "$out/testreport" ]; then
+  echo "test: the test binaries did not build" >&2
+  exit 1
+fi
+
+if [ "$mode" = full ]; then
+  export KUBE_APICACHE_REAL_NODE=1
+  job unit unit_and_fuzz
+  for i in $(seq 1 "$E2E_SHARDS"); do
+    job "e2e-$i" e2e_shard "$i" .
+  done
+  job conformance conformance
+else
+  job unit unit
+  job e2e-1 e2e_shard 1 "$QUICK_TESTS"
+fi
+wait_jobs
+
+figures=$(cat "$out"/figures-*.txt 2>/dev/null)
+if [ -n "$figures" ]; then
+  echo
+  echo "--- measured figures (e2e)"
+  echo "$figures"
+fi
+if [ -f "$out/conformance.log" ]; then
+  echo
+  echo "--- upstream conformance specs, through the agent and directly"
+  grep -E 'specs, passed through the agent|cache \(agent run\)|direct run: (reusing|kept)' "$out/conformance.log" || {
+    echo "conformance: no verdict"
+    status=1
+  }
+fi
+echo
+echo "--- results"
+grep -hE '^(ok|FAIL|panic:)' "$out"/unit.log "$out"/e2e-*.log 2>/dev/null || true
+echo
+"$out/testreport" summary --phases "$phases" "$out"/unit.json "$out"/e2e-*.json || status=1
+exit "$status"
