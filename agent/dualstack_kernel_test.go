@@ -162,6 +162,10 @@ func TestDualStackKernel(t *testing.T) {
 		cfg.ServiceVIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00:10:96::1")}
 		cfg.ListenAddress = netip.MustParseAddrPort(DefaultListenAddress)
 		cfg.ListenAddressIPv6 = netip.MustParseAddrPort(DefaultListenAddressIPv6)
+		// Expiry is not what this test checks: a one-second entry can
+		// expire between one refresh and the dials after it on a loaded
+		// machine, and take a family to kube-proxy's path.
+		cfg.LivenessTimeout = time.Minute
 		mustDo(t, cfg.Validate())
 		k := Kernel{
 			IPTables: func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(n.backend, f) },

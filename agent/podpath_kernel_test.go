@@ -30,6 +30,10 @@ func TestPodPathKernel(t *testing.T) {
 		cfg.ServiceVIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1")}
 		cfg.ListenAddress = netip.MustParseAddrPort(DefaultListenAddress)
 		cfg.PodPathCheckInterval, cfg.BypassDuration = 100*time.Millisecond, time.Minute
+		// The liveness entry must outlive the steps between its refresh
+		// and the blocked dial on a loaded machine; its expiry is not
+		// what this test checks.
+		cfg.LivenessTimeout = time.Minute
 		mustDo(t, cfg.Validate())
 		k := Kernel{
 			IPTables:  func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(n.backend, f) },

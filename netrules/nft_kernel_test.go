@@ -448,6 +448,9 @@ func TestNFTLocalKernel(t *testing.T) {
 		addKubeProxy(t, nft, n)
 		sets := newNFTSets(nft, netrules.IPv4)
 		r := netrules.NewNFTRedirect(nft, redirectSpec(n, sets, netrules.NFTRule{}))
+		// A minute's element: the set's one-second default can expire
+		// during a dial on a loaded machine (see TestNFTRedirectKernel).
+		live := netrules.NewNFTTimedSet(nft, netrules.IPv4, nftTable, sets.live.Name(), time.Minute)
 		for _, tc := range []struct {
 			local netrules.NFTRule
 			want  string
@@ -467,7 +470,7 @@ func TestNFTLocalKernel(t *testing.T) {
 				t.Errorf("%s: %v", tc.local, err)
 				continue
 			}
-			must(t, sets.live.Refresh([]netip.Addr{n.vip.Addr()}))
+			must(t, live.Refresh([]netip.Addr{n.vip.Addr()}))
 			if got, _ := dial(t, pod, node, n.vip, 0); got != tc.want {
 				t.Errorf("%s: %s answered, want %s", tc.local, got, tc.want)
 			}
