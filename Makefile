@@ -128,6 +128,23 @@ test:
 test-quick:
 	GO=$(GO) BIN_DIR=$(BIN_DIR) ./hack/test.sh quick
 
+# The suite's timing-sensitive tests, run REPEAT times each: the kernel
+# tests of the dataplanes (unit, go test -count) and the e2e fail-open
+# scenarios (a new go test process and sandbox per run: the scenarios
+# create named objects, so they run once per cluster). Run it beside `make test` to check that their
+# bounds hold on a loaded machine (a flaky bound fails here first).
+REPEAT ?= 20
+REPEAT_KERNEL ?= Kernel
+REPEAT_E2E ?= ^(TestKilledAgentFailsOpen|TestNFTablesKilledAgentFailsOpen|TestHungAgentFailsOpen|TestNFTablesHungAgentFailsOpen|TestRulesRestored|TestPodPathBlocked)$$
+.PHONY: test-repeat-kernel test-repeat-e2e
+test-repeat-kernel:
+	$(GO) test -count=$(REPEAT) -run '$(REPEAT_KERNEL)' ./netrules/ ./agent/
+test-repeat-e2e: deps control-plane
+	@fails=0; for i in $$(seq 1 $(REPEAT)); do \
+	  echo "=== run $$i of $(REPEAT)"; \
+	  KUBE_APICACHE_BIN_DIR=$(BIN_DIR) $(GO) test -count=1 -timeout 30m -run '$(REPEAT_E2E)' ./e2e/ || fails=$$((fails+1)); \
+	done; echo "$(REPEAT) runs of $(REPEAT_E2E): $$fails failed"; [ $$fails -eq 0 ]
+
 # Go native fuzz targets, package:target, each run for FUZZ_EXECS inputs
 # (an execution count, not a duration: the fuzz coordinator can fail with a
 # bare "context deadline exceeded" at a duration's deadline). New crashers

@@ -172,11 +172,13 @@ func doTestAgentDies(t *testing.T, ns string, sig syscall.Signal, maxGap time.Du
 	pod := newClientPod(t, ctx, c, ns, "client")
 	a := startAgent(t, ctx, c, args...)
 	load := startLoad(t, pod, "load", true)
-	time.Sleep(2 * time.Second)
-	before := forwarded(t, ctx, a)
-	if before < 20 {
-		t.Fatalf("the agent forwarded only %v requests: the load does not go through it", before)
-	}
+	// The load goes through the agent: wait for its requests there (a
+	// busy machine takes longer than an idle one to send them).
+	var before float64
+	waitFor(t, time.Minute, "20 of the load's requests forwarded by the agent", func() bool {
+		before = forwarded(t, ctx, a)
+		return before >= 20
+	})
 	if got := liveEntries(t, ctx, c); len(got) != 1 || got[0] != sandbox.ServiceVIP {
 		t.Fatalf("liveness set members = %v, want [%s]", got, sandbox.ServiceVIP)
 	}
@@ -270,10 +272,7 @@ func doTestGracefulHandoff(t *testing.T, ns string, args ...string) {
 	old := startAgent(t, ctx, c, args...)
 	reused := startLoad(t, pod, "load-reused", false)
 	fresh := startLoad(t, pod, "load-fresh", true)
-	time.Sleep(2 * time.Second)
-	if n := forwarded(t, ctx, old); n < 20 {
-		t.Fatalf("old agent forwarded only %v requests", n)
-	}
+	waitFor(t, time.Minute, "20 of the loads' requests forwarded by the old agent", func() bool { return forwarded(t, ctx, old) >= 20 })
 
 	start := time.Now()
 	if err := old.Process.Signal(syscall.SIGTERM); err != nil {
@@ -285,8 +284,13 @@ func doTestGracefulHandoff(t *testing.T, ns string, args ...string) {
 	exited := time.Since(start)
 	time.Sleep(time.Second) // requests meanwhile go through kube-proxy
 	next := startAgent(t, ctx, c, args...)
-	time.Sleep(3 * time.Second)
-	n := forwarded(t, ctx, next)
+	// The loads keep running until the new agent has forwarded some of
+	// their requests (up to a minute on a busy machine).
+	var n float64
+	waitFor(t, time.Minute, "10 of the loads' requests forwarded by the new agent", func() bool {
+		n = forwarded(t, ctx, next)
+		return n >= 10
+	})
 	for _, l := range []struct {
 		name string
 		run  *loadRun

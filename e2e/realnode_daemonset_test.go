@@ -772,12 +772,7 @@ func (s *dsScenario) reads(t *testing.T, ctx context.Context) {
 func (s *dsScenario) waitPodIPInSet(t *testing.T, ctx context.Context, ip string) time.Time {
 	t.Helper()
 	took := waitFor(t, 30*time.Second, "the pod's IP in the agent's set of this node's pods", func() bool {
-		if s.nft {
-			out, err := s.c.Node.Output(ctx, "nft", "list", "set", "ip", "kube-apicache", "pods")
-			return err == nil && strings.Contains(out, ip)
-		}
-		out, err := s.c.Node.Output(ctx, "ipset", "list", sandbox.AgentLivenessSet+"-PODS")
-		return err == nil && slices.Contains(strings.Fields(out), ip)
+		return s.c.PodIPInAgentSet(ctx, ip)
 	})
 	figuref(t, "detect-local: the pod's IP %s was in the agent's set of this node's pods %s after the pod was Running", ip, took.Round(time.Millisecond))
 	return time.Now()

@@ -101,7 +101,7 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 		return err
 	}
 
-	step("The node's nat rules: the agent's jump ahead of kube-proxy's KUBE-SERVICES")
+	step("The node's nat rules: the agent's redirect ahead of kube-proxy's")
 	nat, err := c.Node.Output(ctx, "iptables-save", "-t", "nat")
 	if err != nil {
 		return err
@@ -109,6 +109,16 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 	for _, l := range strings.Split(nat, "\n") {
 		if strings.HasPrefix(l, "-A PREROUTING ") || strings.HasPrefix(l, "-A OUTPUT ") || strings.HasPrefix(l, "-A "+sandbox.AgentChain+" ") {
 			fmt.Println("     " + l)
+		}
+	}
+	// On an iptables-nft node the agent's default dataplane is its own nft
+	// table, whose base chains come before kube-proxy's at dstnat.
+	if table, err := c.Node.Output(ctx, "nft", "list", "table", "ip", "kube-apicache"); err == nil {
+		fmt.Println("   $ nft list table ip kube-apicache   (the agent's nftables dataplane; kube-proxy's chains hook at dstnat, -100)")
+		for _, l := range strings.Split(table, "\n") {
+			if t := strings.TrimSpace(l); strings.HasPrefix(t, "type nat hook") || strings.Contains(t, "dnat") || strings.HasPrefix(t, "chain ") {
+				fmt.Println("     " + t)
+			}
 		}
 	}
 
@@ -119,16 +129,35 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 	if _, err := runRealClient(ctx, c, realClientPod, "informers", "--timeout", "30m"); err != nil {
 		return err
 	}
-	// The pod's informers are the first reads of this node's pods and of
-	// the services: the agent forwards them and starts those caches on
-	// demand. The reads below are answered from them once they synced.
-	fmt.Println("   (its informers are the node's first reads of pods and services: forwarded, and the agent starts those caches)")
-	if err := waitCacheCaughtUp(ctx, c.DaemonSetAgentMetrics, map[string]float64{"pods": 0, "services": 0}); err != nil {
+	// The agent learns a new pod's IP from the node's pods: until then
+	// the pod's connections take kube-proxy's path (fail-open), so its
+	// informers, which started at once, hold connections straight to
+	// kube-apiserver. What the pod opens from then on goes to the agent.
+	if err := waitPodIPInSet(ctx, c, demoNS, realClientPod); err != nil {
 		return err
 	}
 	exec := func(args ...string) (string, error) {
 		out, err := c.Kubectl(ctx, append([]string{"exec", "-n", demoNS, realClientPod, "--"}, args...)...)
 		return dropExecNoise(out), err
+	}
+	// The first reads of this node's pods and of the services start those
+	// caches (the shipped configuration pins none): they are forwarded,
+	// and the reads below are answered from the caches once synced.
+	fmt.Println("   (the first reads of this node's pods and of the services start the agent's caches for them, and are forwarded)")
+	for _, args := range [][]string{
+		{"kubectl", "get", "--raw", nodePodsPath},
+		{"kubectl", "get", "--raw", "/api/v1/services"},
+	} {
+		printCommand(args, "")
+		out, err := exec(args...)
+		if err != nil {
+			printIndented(out)
+			return err
+		}
+		printIndented(summarizeList(out))
+	}
+	if err := waitCacheCaughtUp(ctx, c.DaemonSetAgentMetrics, map[string]float64{"pods": 0, "services": 0}); err != nil {
+		return err
 	}
 	for _, args := range [][]string{
 		{"kubectl", "create", "configmap", "hello", "--from-literal=greeting=hi"},
@@ -177,17 +206,18 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 		}
 	}
 
-	step("A watch-list informer, answered from the cache (a second pod: podclient informers, KUBE_FEATURE_WatchListClient=true)")
+	step("Watch-list informers, answered from the cache (a second process in the pod: podclient informers, KUBE_FEATURE_WatchListClient=true)")
 	before, err := cacheOutcomes(ctx, c.DaemonSetAgentMetrics)
 	if err != nil {
 		return err
 	}
-	fmt.Println("   pod watcher: /podclient informers (this node's pods, typed and metadata-only, and all services)")
+	fmt.Println("   $ kubectl exec -n " + demoNS + " " + realClientPod + " -- /podclient informers   (this node's pods, typed and metadata-only, and all services)")
 	created := time.Now()
-	lines, err := runRealClient(ctx, c, "watcher", "informers", "--timeout", "30m")
+	lines, stopInformers, err := execLines(ctx, c, "exec", "-n", demoNS, realClientPod, "--", "/podclient", "informers", "--timeout", "10m")
 	if err != nil {
 		return err
 	}
+	defer stopInformers()
 	if err := awaitSynced(ctx, lines, created); err != nil {
 		return err
 	}
@@ -289,6 +319,54 @@ func waitIntercepting(ctx context.Context, c *sandbox.Cluster) error {
 		return fmt.Errorf("the agent does not intercept (last /intercepting: %s): %w", last, err)
 	}
 	return nil
+}
+
+// waitPodIPInSet waits until the pod's IP is in the agent's set of this
+// node's pods.
+func waitPodIPInSet(ctx context.Context, c *sandbox.Cluster, namespace, name string) error {
+	p, err := c.Admin.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		return c.PodIPInAgentSet(ctx, p.Status.PodIP), nil
+	})
+	if err != nil {
+		return fmt.Errorf("pod %s/%s's IP %s never reached the agent's set of this node's pods: %w", namespace, name, p.Status.PodIP, err)
+	}
+	fmt.Printf("   its IP %s in the agent's set of this node's pods %s later; its connections from then on go to the agent\n",
+		p.Status.PodIP, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+// execLines runs kubectl with args as the admin and returns its output's
+// lines as they come, and a func that stops it.
+func execLines(ctx context.Context, c *sandbox.Cluster, args ...string) (<-chan string, func(), error) {
+	ctx, cancel := context.WithCancel(ctx)
+	cmd := c.KubectlCommand(ctx, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	lines := make(chan string, 1024)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 0, 1<<16), 1<<20)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default: // nobody reads any more
+			}
+		}
+	}()
+	return lines, func() { cancel(); _ = cmd.Wait() }, nil
 }
 
 // setUpRealClients creates the demo namespace and the client

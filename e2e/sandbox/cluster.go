@@ -159,7 +159,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := CleanStale(); err != nil {
 		return nil, err
 	}
-	if err := cleanStaleRealNodes(); err != nil {
+	if err := cleanStaleRealNodes(opts.RealNode); err != nil {
 		return nil, err
 	}
 	dir, err := os.MkdirTemp("", "kube-apicache-sandbox-")

@@ -204,3 +204,15 @@ func (c *Cluster) WaitPodRunning(ctx context.Context, namespace, name string) (*
 	}
 	return last, nil
 }
+
+// PodIPInAgentSet reports whether ip is in the agent's set of this node's
+// pods (--detect-local-mode=PodIPs), in whichever dataplane holds it: the
+// nftables table's set, or the iptables dataplane's ipset. Until it is, the
+// pod's connections to the VIP take kube-proxy's path.
+func (c *Cluster) PodIPInAgentSet(ctx context.Context, ip string) bool {
+	if out, err := c.Node.Output(ctx, "nft", "list", "set", "ip", "kube-apicache", "pods"); err == nil && strings.Contains(out, ip) {
+		return true
+	}
+	out, err := c.Node.Output(ctx, "ipset", "list", AgentLivenessSet+"-PODS")
+	return err == nil && slices.Contains(strings.Fields(out), ip)
+}

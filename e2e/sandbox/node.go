@@ -151,7 +151,7 @@ func (c *Cluster) StartRealNode(ctx context.Context, opts RealNodeOptions) (_ *R
 
 	// Record the host before changing it: a stale node's changes are
 	// undone first, so they are not recorded as the original state.
-	if err := cleanStaleRealNodes(); err != nil {
+	if err := cleanStaleRealNodes(true); err != nil {
 		return nil, err
 	}
 	for _, d := range []string{"containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "volume-plugins"} {

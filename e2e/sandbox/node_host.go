@@ -206,10 +206,12 @@ func undoHost(j *journal) error {
 }
 
 // cleanStaleRealNodes undoes the host changes of real nodes whose process
-// is gone (killed before its Stop ran), and removes their state. It fails
-// if a real node of another live process exists: the kubelet's sysctls and
-// host paths are the machine's, so only one real node runs at a time.
-func cleanStaleRealNodes() error {
+// is gone (killed before its Stop ran), and removes their state. With
+// exclusive (the caller is to start a real node), it fails if a real node
+// of another live process exists: the kubelet's sysctls and host paths are
+// the machine's, so only one real node runs at a time. Without, such a
+// node is left alone: a sandbox without a real node can run beside it.
+func cleanStaleRealNodes(exclusive bool) error {
 	entries, err := os.ReadDir(journalDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -235,7 +237,9 @@ func cleanStaleRealNodes() error {
 			continue // this process's own node; its Stop undoes it
 		}
 		if syscall.Kill(j.Pid, 0) == nil {
-			errs = append(errs, fmt.Errorf("a real node of process %d is running (dir %s); one real node per machine", j.Pid, j.Dir))
+			if exclusive {
+				errs = append(errs, fmt.Errorf("a real node of process %d is running (dir %s); one real node per machine", j.Pid, j.Dir))
+			}
 			continue
 		}
 		if err := undoHost(&j); err != nil {
