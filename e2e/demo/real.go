@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/signal"
@@ -354,10 +355,17 @@ func execLines(ctx context.Context, c *sandbox.Cluster, args ...string) (<-chan 
 		cancel()
 		return nil, nil, err
 	}
+	return streamLines(out), func() { cancel(); _ = cmd.Wait() }, nil
+}
+
+// streamLines sends r's lines as they come, dropping those nobody reads,
+// and closes the channel (and r) at r's end.
+func streamLines(r io.ReadCloser) <-chan string {
 	lines := make(chan string, 1024)
 	go func() {
 		defer close(lines)
-		sc := bufio.NewScanner(out)
+		defer r.Close()
+		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 0, 1<<16), 1<<20)
 		for sc.Scan() {
 			select {
@@ -366,7 +374,7 @@ func execLines(ctx context.Context, c *sandbox.Cluster, args ...string) (<-chan 
 			}
 		}
 	}()
-	return lines, func() { cancel(); _ = cmd.Wait() }, nil
+	return lines
 }
 
 // setUpRealClients creates the demo namespace and the client
@@ -465,20 +473,7 @@ func runRealClient(ctx context.Context, c *sandbox.Cluster, name string, args ..
 	if err != nil {
 		return nil, fmt.Errorf("log of %s: %w", name, err)
 	}
-	lines := make(chan string, 1024)
-	go func() {
-		defer close(lines)
-		defer rc.Close()
-		sc := bufio.NewScanner(rc)
-		sc.Buffer(make([]byte, 0, 1<<16), 1<<20)
-		for sc.Scan() {
-			select {
-			case lines <- sc.Text():
-			default: // nobody reads any more
-			}
-		}
-	}()
-	return lines, nil
+	return streamLines(rc), nil
 }
 
 // awaitSynced prints the informers' WATCHLIST lines until SYNCED.
