@@ -134,7 +134,15 @@ func TestCertificatesAtFleetScale(t *testing.T) {
 	}
 	for name, pod := range map[string]*sandbox.Pod{"leader": leaderPod, "standby": standbyPod} {
 		for _, path := range []string{"/healthz", "/readyz"} {
-			if code, body, err := approverGet(ctx, pod, path); err != nil || code != http.StatusOK {
+			// The standby may still be starting its health server (a
+			// busy machine): wait until it answers, then check what.
+			var code int
+			var body string
+			_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+				code, body, err = approverGet(ctx, pod, path)
+				return err == nil, nil
+			})
+			if err != nil || code != http.StatusOK {
 				t.Errorf("%s %s = %d %q (%v), want 200", name, path, code, body, err)
 			}
 		}

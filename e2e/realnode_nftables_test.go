@@ -243,17 +243,32 @@ func (s *dsScenario) kubeProxyNATHandle(t *testing.T, ctx context.Context) strin
 	return ""
 }
 
-// kubeProxyRestarts: every probe reaches the agent while kube-proxy
-// restarts, whatever order its re-registered chains take.
+// kubeProxyRestarts: while kube-proxy restarts, whatever order its
+// re-registered chains take, no probe bypasses the agent's live redirect
+// and none fails. A probe may reach kube-apiserver only while the
+// redirect is not live: the agent, starved of CPU by a busy machine,
+// missed a liveness refresh and stepped aside, which is fail-open doing
+// its job; that must stay rare (a tenth of the probes at most).
 func (s *dsScenario) kubeProxyRestarts(t *testing.T, ctx context.Context) {
-	counts, took := s.restartKubeProxyProbing(t, ctx, kubeProxyRestarts, nil)
+	// The redirect is live while the VIP is in the liveness set of the
+	// dataplane in use.
+	live := func() bool {
+		if s.nft {
+			_, err := s.c.Node.Output(ctx, "nft", "get", "element", "ip", "kube-apicache", "liveness", "{", sandbox.ServiceVIP, "}")
+			return err == nil
+		}
+		_, err := s.c.Node.Output(ctx, "ipset", "test", sandbox.AgentLivenessSet, sandbox.ServiceVIP)
+		return err == nil
+	}
+	counts, took := s.restartKubeProxyProbing(t, ctx, kubeProxyRestarts, live)
 	mode := "iptables dataplane, kube-proxy in iptables mode"
 	if s.nft {
 		mode = "nftables dataplane"
 	}
 	figuref(t, "kube-proxy restarts (%s): %d restarts (each %v); %s", mode, kubeProxyRestarts, took, counts)
-	if counts.apiserver > 0 || counts.failed > 0 || counts.agent < 100 {
-		t.Errorf("%s across kube-proxy restarts: %s (first failure: %v); want every probe at the agent", mode, counts, counts.firstFailure)
+	if counts.live > 0 || counts.failed > 0 || counts.agent < 100 || counts.apiserver > (counts.agent+counts.apiserver)/10 {
+		t.Errorf("%s across kube-proxy restarts: %s (first failure: %v); want no probe past the live redirect, none failed, and at most a tenth at kube-apiserver while the agent stepped aside",
+			mode, counts, counts.firstFailure)
 	}
 	s.assertNoDuplicates(t, ctx, "kube-proxy restarts")
 }

@@ -362,7 +362,9 @@ func createNodeObjects(ctx context.Context, c *sandbox.Cluster, pod *sandbox.Pod
 // read-your-writes barrier does not know of them).
 func waitCacheCaughtUp(ctx context.Context, metrics func(context.Context) (string, error), want map[string]float64) error {
 	var last map[string]float64
-	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+	// A wait for the state, not a bound: a cache's first sync can take a
+	// while on a machine that is busy with other work.
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(ctx context.Context) (bool, error) {
 		text, err := metrics(ctx)
 		if err != nil {
 			return false, err

@@ -158,6 +158,9 @@ func runReal(duration time.Duration, binDir, imagesDir string) error {
 		printIndented(summarizeList(out))
 	}
 	if err := waitCacheCaughtUp(ctx, c.DaemonSetAgentMetrics, map[string]float64{"pods": 0, "services": 0}); err != nil {
+		out, _ := c.Kubectl(ctx, "logs", "-n", sandbox.AgentNamespace, "daemonset/kube-apicache", "--tail=40")
+		fmt.Println("   the agent's last log lines:")
+		printIndented(out)
 		return err
 	}
 	for _, args := range [][]string{
