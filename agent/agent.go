@@ -770,7 +770,8 @@ func (a *Agent) newCache() error {
 	reviewer, err := access.New(a.restConfig(), access.Options{
 		Gate:        a.cfg.Limits.gate(),
 		DegradedTTL: a.cfg.DegradedDecisionTTL,
-		Degraded:    a.reviewsDegraded,
+		Degraded:    a.degradedNow,
+		Unreachable: a.reviewsUnreachable,
 	})
 	if err != nil {
 		return fmt.Errorf("access reviews: %w", err)

@@ -87,13 +87,14 @@ func (a *Agent) Degraded() (time.Time, bool) {
 // degradedNow reports whether the agent is in degraded mode.
 func (a *Agent) degradedNow() bool { return a.degraded.since.Load() != 0 }
 
-// reviewsDegraded reports whether access reviews are answered as in
-// degraded mode (from recent allow decisions, without asking
-// kube-apiserver): in degraded mode, and while the agent decides whether
-// to enter it. Deciding takes a few seconds in which the agent keeps the
-// redirect; a review sent meanwhile could only fail, and the read with
-// it.
-func (a *Agent) reviewsDegraded() bool {
+// reviewsUnreachable reports whether a failed access review may be
+// answered as in degraded mode (from a recent allow decision): no upstream
+// endpoint is healthy and the agent is deciding whether to enter degraded
+// mode. Deciding takes a few seconds in which the agent keeps the
+// redirect; a read whose review failed meanwhile would fail with it. The
+// review must have failed too: endpoint health alone never switches
+// reviews off.
+func (a *Agent) reviewsUnreachable() bool {
 	if a.degradedNow() {
 		return true
 	}

@@ -82,14 +82,14 @@ func TestDegradedModeDecision(t *testing.T) {
 		d.proxyErr = refused
 		d.setHealthy(false)
 		// while it decides, the agent keeps intercepting, and answers
-		// reviews from recent decisions (a review sent could only fail);
+		// a review that fails from recent decisions;
 		for range 3 {
 			d.step(t, 500*time.Millisecond)
 			if err := d.health(); err != nil {
 				t.Fatalf("deciding: health %v, want nil (keep the redirect)", err)
 			}
-			if !d.reviewsDegraded() {
-				t.Fatalf("deciding: reviews sent to kube-apiserver")
+			if !d.reviewsUnreachable() {
+				t.Fatalf("deciding: a failed review is not answered from recent decisions")
 			}
 			if d.degradedNow() {
 				t.Fatalf("degraded %s after the last answer, want only after %s", d.now.Sub(d.up.lastAnswer()), d.degraded.after)
@@ -143,7 +143,7 @@ func TestDegradedModeDecision(t *testing.T) {
 		for range 40 {
 			d.step(t, 250*time.Millisecond)
 		}
-		if d.degradedNow() || d.reviewsDegraded() {
+		if d.degradedNow() || d.reviewsUnreachable() {
 			t.Fatalf("degraded while kube-apiserver answers through kube-proxy")
 		}
 		// If kube-proxy's path fails later, the outage is everyone's.

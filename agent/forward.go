@@ -70,6 +70,13 @@ func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
 				// The client went away; there is nobody to answer.
 				return
 			}
+			if isPeerReset(err) {
+				// kube-apiserver reset the stream without an answer (the
+				// pod behind a proxy subresource closed): the client gets
+				// the same reset, as it would without the agent.
+				klog.FromContext(r.Context()).V(4).Info("Upstream reset the request's stream", "method", r.Method, "path", r.URL.Path)
+				panic(http.ErrAbortHandler)
+			}
 			klog.FromContext(r.Context()).V(2).Info("Forwarding failed", "method", r.Method, "path", r.URL.Path, "err", err)
 			if isUpgrade(r) {
 				w.Header().Set("Connection", "close")

@@ -446,16 +446,21 @@ func (b *observedBody) Read(p []byte) (int, error) {
 		b.ep.succeeded(b.up.clock())
 	}
 	if err != nil && err != io.EOF && b.ctx.Err() == nil && !b.closed.Load() && b.reported.CompareAndSwap(false, true) {
-		if isStreamReset(err) {
+		switch {
+		case isPeerReset(err):
 			// The endpoint reset this one stream: kube-apiserver does so
 			// when a handler aborts (a pod's proxied or streamed response
 			// broken off by the pod, which any tenant can arrange), while
-			// the connection and every other request on it are fine. It
-			// only makes the endpoint suspect: probed within a period,
-			// unless something it answers meanwhile proves it.
+			// the connection and every other request on it are fine. The
+			// reset is the endpoint's own answer: it says nothing of its
+			// health, and a tenant's loop of them costs no probe.
+		case isStreamReset(err):
+			// A stream error the client side raised (flow control, a
+			// protocol violation): the endpoint is suspect, probed within
+			// a period unless something it answers meanwhile proves it.
 			b.ep.lastTrouble.Store(b.up.clock().UnixNano())
 			b.up.wake()
-		} else {
+		default:
 			b.up.reportFailure(klog.FromContext(b.ctx), b.ep.url.Host, fmt.Errorf("response body broke off: %w", err))
 		}
 	}
@@ -467,6 +472,13 @@ func (b *observedBody) Read(p []byte) (int, error) {
 // error type; its message is "stream error: stream ID N; CODE...".
 func isStreamReset(err error) bool {
 	return strings.HasPrefix(err.Error(), "stream error: ")
+}
+
+// isPeerReset reports whether err is a stream reset the endpoint sent
+// (RST_STREAM): net/http's HTTP/2 client ends those messages with
+// "received from peer", and its own stream errors without.
+func isPeerReset(err error) bool {
+	return err != nil && isStreamReset(err) && strings.HasSuffix(err.Error(), "; received from peer")
 }
 
 func (b *observedBody) Close() error {

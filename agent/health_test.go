@@ -502,8 +502,8 @@ kube_apicache_upstream_passive_failures_total 1
 // when a handler aborts, as it does when a pod whose response it proxies
 // breaks it off, which any tenant with a pod can arrange. That must not
 // mark the endpoint unhealthy (a tenant could otherwise make the agent
-// fail over, or fail open, at will): the endpoint only becomes suspect,
-// and stays healthy.
+// fail over, or fail open, at will), nor even suspect: the reset is the
+// endpoint's answer, and a loop of them must cost no probe.
 func TestStreamResetIsNoFailure(t *testing.T) {
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
@@ -542,7 +542,107 @@ func TestStreamResetIsNoFailure(t *testing.T) {
 	if got := u.stats.passiveFailures.Load(); got != 0 {
 		t.Errorf("%d passive failures, want 0", got)
 	}
-	if u.endpoints[0].lastTrouble.Load() == 0 {
-		t.Error("the endpoint was not made suspect")
+	if u.endpoints[0].lastTrouble.Load() != 0 {
+		t.Error("the endpoint was made suspect by a reset it sent")
+	}
+}
+
+// TestProxyResetsChangeNoHealth: a tenant with pods/proxy can have
+// kube-apiserver reset a request's stream before any answer (its pod sends
+// headers and closes). That is the endpoint answering, not failing: no
+// endpoint may be marked unhealthy, the request is not sent to the other
+// endpoints, no /readyz probe follows, and reviews never fall back to
+// degraded mode's recalled decisions. The loop stands for a tenant's
+// request loop against three apiservers with the health loop running.
+func TestProxyResetsChangeNoHealth(t *testing.T) {
+	var eps []*testEndpoint
+	var resets atomic.Int32
+	for range 3 {
+		e := &testEndpoint{}
+		e.srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/readyz" {
+				e.probes.Add(1)
+				return
+			}
+			e.hits.Add(1)
+			resets.Add(1)
+			panic(http.ErrAbortHandler) // before any header: RST_STREAM
+		}))
+		e.srv.EnableHTTP2 = true
+		e.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+		e.srv.StartTLS()
+		t.Cleanup(e.srv.Close)
+		e.url, _ = url.Parse(e.srv.URL)
+		eps = append(eps, e)
+	}
+	u := newTestUpstreams(eps...)
+	u.transport.ForceAttemptHTTP2 = true
+	u.period, u.kick = 100*time.Millisecond, make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := u.waitHealthy(ctx, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Every endpoint checked and healthy before the loop starts.
+	if !u.checkAll(ctx, time.Second) && u.healthy() != nil {
+		t.Fatal(u.healthy())
+	}
+	probesBefore := 0
+	for _, e := range eps {
+		probesBefore += int(e.probes.Load())
+	}
+	a := &Agent{up: u, now: time.Now}
+	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = 5*time.Minute, 2*time.Second, time.Second
+	runDone := make(chan struct{})
+	go func() { defer close(runDone); u.run(ctx, u.period) }()
+
+	const n = 2000
+	start := time.Now()
+	degradedSeen, unhealthySeen := 0, 0
+	for i := range n {
+		req, _ := http.NewRequest(http.MethodGet, u.pick().JoinPath("/api/v1/namespaces/t/pods/p/proxy/").String(), nil)
+		resp, err := u.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("request %d: an answer, want the stream reset", i)
+		}
+		if !isStreamReset(err) {
+			t.Fatalf("request %d: %v, want a stream reset", i, err)
+		}
+		if u.healthy() != nil {
+			unhealthySeen++
+		}
+		if a.reviewsUnreachable() {
+			degradedSeen++
+		}
+	}
+	took := time.Since(start)
+	// Let the health loop run a few more periods, as it would after a
+	// tenant's loop.
+	time.Sleep(5 * u.period)
+	cancel()
+	<-runDone
+	probes := 0
+	for _, e := range eps {
+		probes += int(e.probes.Load())
+	}
+	t.Logf("%d proxied requests reset in %v (%d upstream requests): %d /readyz probes during and after them, %d passive failures, unhealthy after %d, reviews degraded after %d",
+		n, took.Round(time.Millisecond), resets.Load(), probes-probesBefore, u.stats.passiveFailures.Load(), unhealthySeen, degradedSeen)
+	if got := int(resets.Load()); got != n {
+		t.Errorf("%d requests reached the endpoints, want %d: a reset request must not be sent again", got, n)
+	}
+	if probes != probesBefore {
+		t.Errorf("%d /readyz probes, want none: a stream reset is an answer", probes-probesBefore)
+	}
+	if unhealthySeen > 0 || u.stats.passiveFailures.Load() > 0 {
+		t.Errorf("no healthy endpoint after %d of %d requests (%d passive failures)", unhealthySeen, n, u.stats.passiveFailures.Load())
+	}
+	if degradedSeen > 0 {
+		t.Errorf("reviews degraded after %d of %d requests", degradedSeen, n)
+	}
+	for _, ep := range u.status() {
+		if !ep.Healthy {
+			t.Errorf("endpoint %s unhealthy", ep.Host)
+		}
 	}
 }

@@ -272,6 +272,13 @@ func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err == nil {
 			return resp, nil
 		}
+		if isPeerReset(err) {
+			// The endpoint answered by resetting this one stream, as
+			// kube-apiserver does when a handler aborts (a pod behind
+			// pods/proxy that closes without answering): neither its
+			// failure nor a reason to send the request again.
+			return nil, err
+		}
 		if !retryable(req, err, body == nil || !body.read.Load()) {
 			if req.Context().Err() == nil {
 				u.troubled(req.URL.Host)

@@ -73,6 +73,12 @@ type Options struct {
 	// every kube-apiserver is out of reach. Reviews are then not sent; a
 	// recent allow decision for the same token and request answers.
 	Degraded func() bool
+	// Unreachable, if set, reports whether no kube-apiserver endpoint is
+	// healthy while the agent decides whether to enter degraded mode. A
+	// review sent then that fails without an answer is answered as in
+	// degraded mode: the failed review itself is the evidence, so no
+	// caller can bring recalled decisions into play by a flag alone.
+	Unreachable func() bool
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -127,8 +133,8 @@ type Delegating struct {
 	sources *tokenSources
 	// recall keeps recent allow decisions for degraded mode; degraded
 	// reports whether it is on (nil: never).
-	recall   *recall
-	degraded func() bool
+	recall                *recall
+	degraded, unreachable func() bool
 	// tokenTTL, allowTTL and timeout bound the age of an answer served
 	// from a decision cache.
 	tokenTTL, allowTTL, timeout time.Duration
@@ -180,16 +186,17 @@ func New(cfg *rest.Config, opts Options) (*Delegating, error) {
 		return nil, fmt.Errorf("creating the authorizer: %w", err)
 	}
 	return &Delegating{
-		authn:    cache.New(tokenReviewer{webhook: webhook, metrics: m, gate: g, sources: srcs, recall: rc, now: opts.Now}, false, opts.TokenTTL, opts.TokenTTL),
-		sources:  srcs,
-		authz:    &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}, allowTTL: opts.AllowTTL, denyTTL: opts.DenyTTL, gate: g},
-		metrics:  m,
-		recall:   rc,
-		degraded: opts.Degraded,
-		tokenTTL: opts.TokenTTL,
-		allowTTL: opts.AllowTTL,
-		timeout:  opts.Timeout,
-		now:      opts.Now,
+		authn:       cache.New(tokenReviewer{webhook: webhook, metrics: m, gate: g, sources: srcs, recall: rc, now: opts.Now}, false, opts.TokenTTL, opts.TokenTTL),
+		sources:     srcs,
+		authz:       &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}, allowTTL: opts.AllowTTL, denyTTL: opts.DenyTTL, gate: g},
+		metrics:     m,
+		recall:      rc,
+		degraded:    opts.Degraded,
+		unreachable: opts.Unreachable,
+		tokenTTL:    opts.TokenTTL,
+		allowTTL:    opts.AllowTTL,
+		timeout:     opts.Timeout,
+		now:         opts.Now,
 	}, nil
 }
 
@@ -232,6 +239,9 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 	case errors.Is(err, errThrottled):
 		return Result{Verdict: Forward, Reason: ReasonThrottled}
 	case err != nil:
+		if d.unreachable != nil && d.unreachable() {
+			return d.reviewDegraded(ctx, info, token)
+		}
 		klog.FromContext(ctx).V(4).Info("Token review failed; forwarding", "err", err)
 		return Result{Verdict: Forward, Reason: ReasonReviewError}
 	case !ok:
@@ -275,6 +285,9 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 	case errors.Is(err, errThrottled):
 		return Result{Verdict: Forward, Reason: ReasonThrottled}
 	case err != nil:
+		if d.unreachable != nil && d.unreachable() {
+			return d.recalled(token, anonymous)
+		}
 		// As kube-apiserver, which answers 500 when no authorizer allowed
 		// and one failed; forwarding lets it decide.
 		klog.FromContext(ctx).V(4).Info("Access review failed; forwarding", "err", err)
@@ -300,6 +313,12 @@ func (d *Delegating) reviewDegraded(ctx context.Context, info *request.RequestIn
 	if err != nil {
 		return Result{Verdict: Forward, Reason: ReasonReviewError}
 	}
+	return d.recalled(token, key)
+}
+
+// recalled answers from the allow decision kept for token and the
+// attributes key (which names no user), as reviewDegraded does.
+func (d *Delegating) recalled(token, key string) Result {
 	u, reason, at, outcome := d.recall.lookup(token, key)
 	d.metrics.degraded(outcome)
 	if outcome != recallAllowed {

@@ -3,6 +3,7 @@ package access
 import (
 	"encoding/base64"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -269,5 +270,55 @@ func TestJWTExpiry(t *testing.T) {
 		if ok != tc.wantJWT || !got.Equal(tc.want) {
 			t.Errorf("jwtExpiry(%q) = %v, %t; want %v, %t", tc.token, got, ok, tc.want, tc.wantJWT)
 		}
+	}
+}
+
+// TestUnreachableNeedsAFailedReview: while the agent only suspects that
+// kube-apiserver is gone (no endpoint healthy, degraded mode not entered),
+// reviews are still sent, and kube-apiserver's answer stands: a revoked
+// caller is refused however recent its allow. Only a review that fails
+// without an answer is answered from the recalled decision.
+func TestUnreachableNeedsAFailedReview(t *testing.T) {
+	const pods = "/api/v1/namespaces/ns1/pods"
+	s := &degradedSetup{f: newFakeAPIServer(t), clock: &fakeClock{t: time.Now()}}
+	var unreachable atomic.Bool
+	s.d = newReviewer(t, s.f, Options{DegradedTTL: 5 * time.Minute, Degraded: s.degraded.Load,
+		Unreachable: unreachable.Load, Now: s.clock.Now, AllowTTL: time.Millisecond, DenyTTL: time.Millisecond, TokenTTL: time.Millisecond})
+	token := fakeJWT("alice", s.clock.Now().Add(time.Hour))
+	s.f.tokens[token] = alice
+	s.f.setPolicy(allowUser("alice"))
+	if res := s.review(t, pods, token); res.Verdict != Allowed {
+		t.Fatalf("first review: %+v, want allowed", res)
+	}
+	// Revoked, then the endpoints look unhealthy: kube-apiserver still
+	// answers the review, and its denial stands.
+	s.f.setPolicy(nil)
+	unreachable.Store(true)
+	time.Sleep(5 * time.Millisecond) // past the decision caches' TTL
+	_, before := s.f.counts()
+	if res := s.review(t, pods, token); res.Verdict != Denied {
+		t.Errorf("revoked caller while endpoints look unhealthy: %v (%s), want denied by kube-apiserver", res.Verdict, res.Reason)
+	}
+	if _, after := s.f.counts(); after != before+1 {
+		t.Errorf("%d access reviews sent, want 1", after-before)
+	}
+	// Allowed again; then the review itself fails: the recalled allow answers.
+	s.f.setPolicy(allowUser("alice"))
+	time.Sleep(5 * time.Millisecond)
+	if res := s.review(t, pods, token); res.Verdict != Allowed {
+		t.Fatalf("review: %+v, want allowed", res)
+	}
+	s.f.mu.Lock()
+	s.f.failAccess = true
+	s.f.mu.Unlock()
+	time.Sleep(5 * time.Millisecond)
+	res := s.review(t, pods, token)
+	if res.Verdict != Allowed || !strings.HasPrefix(res.AuthorizationReason, "degraded mode:") {
+		t.Errorf("failed review while unreachable: %v (%s, %q), want allowed from the recalled decision", res.Verdict, res.Reason, res.AuthorizationReason)
+	}
+	unreachable.Store(false)
+	time.Sleep(5 * time.Millisecond)
+	if res := s.review(t, pods, token); res.Verdict != Forward || res.Reason != ReasonReviewError {
+		t.Errorf("failed review with healthy endpoints: %v (%s), want forwarded", res.Verdict, res.Reason)
 	}
 }
