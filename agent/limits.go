@@ -79,8 +79,9 @@ type Limits struct {
 	// streamed. Zero means the default.
 	MaxBufferedBodyBytes int
 
-	// ReviewQPS and ReviewBurst bound the TokenReviews and
-	// SubjectAccessReviews the agent sends in total; ReviewQPSPerSource
+	// ReviewQPS and ReviewBurst bound the reviews the agent sends for
+	// callers already authenticated, beyond each source's reserve;
+	// ReviewQPSPerSource
 	// and ReviewBurstPerSource those it sends for one source. A caller
 	// past either share is forwarded, not reviewed. Zero means the
 	// default.
@@ -88,6 +89,15 @@ type Limits struct {
 	ReviewBurst          int
 	ReviewQPSPerSource   float64
 	ReviewBurstPerSource int
+	// ReviewQPSUnverified and ReviewBurstUnverified bound the node's
+	// TokenReviews of tokens never seen authenticated (ReviewQPS then
+	// bounds those of callers already authenticated); ReviewQPSReserved
+	// and ReviewBurstReserved are each source's own share, out of the
+	// others' reach. Zero means the default.
+	ReviewQPSUnverified   float64
+	ReviewBurstUnverified int
+	ReviewQPSReserved     float64
+	ReviewBurstReserved   int
 }
 
 // Defaults, as kube-apiserver serves.
@@ -134,6 +144,10 @@ func DefaultLimits() Limits {
 		ReviewBurst:                     access.DefaultReviewBurst,
 		ReviewQPSPerSource:              access.DefaultSourceReviewQPS,
 		ReviewBurstPerSource:            access.DefaultSourceReviewBurst,
+		ReviewQPSUnverified:             access.DefaultUnverifiedReviewQPS,
+		ReviewBurstUnverified:           access.DefaultUnverifiedReviewBurst,
+		ReviewQPSReserved:               access.DefaultReservedReviewQPS,
+		ReviewBurstReserved:             access.DefaultReservedReviewBurst,
 	}
 }
 
@@ -152,7 +166,11 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.MaxCacheRequestsPerSource, "max-cache-requests-per-source", l.MaxCacheRequestsPerSource, "Reads of one client IP the cache reviews, or waits for a resourceVersion for, at once; past it that client's reads are forwarded. Negative means no limit.")
 	fs.DurationVar(&l.RequestBodyTimeout, "request-body-timeout", l.RequestBodyTimeout, "How long the body of a request that is not long-running may take to arrive.")
 	fs.IntVar(&l.MaxBufferedBodyBytes, "max-buffered-body-bytes", l.MaxBufferedBodyBytes, "Request bodies held in memory at once, all requests together, to resend a write to another endpoint; bodies past it are streamed.")
-	fs.Float64Var(&l.ReviewQPS, "review-qps", l.ReviewQPS, "TokenReviews and SubjectAccessReviews per second the agent sends in total; callers past it are forwarded instead of reviewed.")
+	fs.Float64Var(&l.ReviewQPS, "review-qps", l.ReviewQPS, "Reviews per second the agent sends for callers already authenticated (SubjectAccessReviews, and TokenReviews of tokens authenticated before), beyond each client IP's reserve; callers past it are forwarded instead of reviewed.")
+	fs.Float64Var(&l.ReviewQPSUnverified, "review-qps-unverified", l.ReviewQPSUnverified, "TokenReviews per second the agent sends for tokens never seen authenticated, beyond each client IP's reserve; bogus tokens spend this budget and never --review-qps.")
+	fs.IntVar(&l.ReviewBurstUnverified, "review-burst-unverified", l.ReviewBurstUnverified, "Burst of --review-qps-unverified.")
+	fs.Float64Var(&l.ReviewQPSReserved, "review-qps-reserved-per-source", l.ReviewQPSReserved, "Reviews per second each client IP is sure of, whatever other clients spend: taken before the node's budgets, within --review-qps-per-source.")
+	fs.IntVar(&l.ReviewBurstReserved, "review-burst-reserved-per-source", l.ReviewBurstReserved, "Burst of --review-qps-reserved-per-source.")
 	fs.IntVar(&l.ReviewBurst, "review-burst", l.ReviewBurst, "Burst of --review-qps.")
 	fs.Float64Var(&l.ReviewQPSPerSource, "review-qps-per-source", l.ReviewQPSPerSource, "Reviews per second the agent sends for one client IP; past it that client's reads are forwarded instead of reviewed, so one pod cannot use up the others' reviews.")
 	fs.IntVar(&l.ReviewBurstPerSource, "review-burst-per-source", l.ReviewBurstPerSource, "Burst of --review-qps-per-source.")
@@ -182,10 +200,10 @@ func (l *Limits) Validate() error {
 		return errors.New("--request-body-timeout must not be negative")
 	case l.MaxBufferedBodyBytes < 0:
 		return errors.New("--max-buffered-body-bytes must not be negative")
-	case l.ReviewQPS < 0 || l.ReviewQPSPerSource < 0:
-		return errors.New("--review-qps and --review-qps-per-source must not be negative")
-	case l.ReviewBurst < 0 || l.ReviewBurstPerSource < 0:
-		return errors.New("--review-burst and --review-burst-per-source must not be negative")
+	case l.ReviewQPS < 0 || l.ReviewQPSPerSource < 0 || l.ReviewQPSUnverified < 0 || l.ReviewQPSReserved < 0:
+		return errors.New("--review-qps, --review-qps-per-source, --review-qps-unverified and --review-qps-reserved-per-source must not be negative")
+	case l.ReviewBurst < 0 || l.ReviewBurstPerSource < 0 || l.ReviewBurstUnverified < 0 || l.ReviewBurstReserved < 0:
+		return errors.New("--review-burst, --review-burst-per-source, --review-burst-unverified and --review-burst-reserved-per-source must not be negative")
 	}
 	return nil
 }
@@ -218,7 +236,10 @@ func setDefault[T comparable](v *T, def T) {
 
 // gate returns the review bounds of the access reviewer.
 func (l Limits) gate() access.GateOptions {
-	return access.GateOptions{QPS: l.ReviewQPS, Burst: l.ReviewBurst, SourceQPS: l.ReviewQPSPerSource, SourceBurst: l.ReviewBurstPerSource}
+	return access.GateOptions{QPS: l.ReviewQPS, Burst: l.ReviewBurst,
+		UnverifiedQPS: l.ReviewQPSUnverified, UnverifiedBurst: l.ReviewBurstUnverified,
+		SourceQPS: l.ReviewQPSPerSource, SourceBurst: l.ReviewBurstPerSource,
+		ReservedQPS: l.ReviewQPSReserved, ReservedBurst: l.ReviewBurstReserved}
 }
 
 // http2Config is the HTTP/2 half of the limits. The connection window holds

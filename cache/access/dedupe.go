@@ -83,13 +83,13 @@ func (d *dedupe) Authorize(ctx context.Context, attrs authorizer.Attributes) (au
 	// start-up storm asks the same question many times at once.
 	gated := false
 	if d.gate != nil && !d.joining(key) {
-		if !d.gate.allow(ctx, reviewAccess) {
+		if !d.gate.allow(ctx, reviewAccess, true) {
 			return authorizer.DecisionNoOpinion, "", errThrottled
 		}
 		gated = true
 	}
 	v, err, _ := d.group.Do(key, func() (any, error) {
-		if d.gate != nil && !gated && !d.gate.allow(ctx, reviewAccess) {
+		if d.gate != nil && !gated && !d.gate.allow(ctx, reviewAccess, true) {
 			// The review it meant to join had ended: this caller sends
 			// one after all.
 			return decisionResult{decision: authorizer.DecisionNoOpinion}, errThrottled

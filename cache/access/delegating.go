@@ -186,7 +186,7 @@ func New(cfg *rest.Config, opts Options) (*Delegating, error) {
 		return nil, fmt.Errorf("creating the authorizer: %w", err)
 	}
 	return &Delegating{
-		authn:       cache.New(tokenReviewer{webhook: webhook, metrics: m, gate: g, sources: srcs, recall: rc, now: opts.Now}, false, opts.TokenTTL, opts.TokenTTL),
+		authn:       cache.New(tokenReviewer{webhook: webhook, metrics: m, gate: g, sources: srcs, recall: rc, known: newKnownTokens(), now: opts.Now}, false, opts.TokenTTL, opts.TokenTTL),
 		sources:     srcs,
 		authz:       &dedupe{Authorizer: withTimeout{authorizer, opts.Timeout}, allowTTL: opts.AllowTTL, denyTTL: opts.DenyTTL, gate: g},
 		metrics:     m,
@@ -391,13 +391,15 @@ type tokenReviewer struct {
 	gate    *gate
 	sources *tokenSources
 	recall  *recall
-	now     func() time.Time
+	// known holds the tokens kube-apiserver authenticated before.
+	known *knownTokens
+	now   func() time.Time
 }
 
 func (a tokenReviewer) AuthenticateToken(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 	// The token cache calls this with a context of its own, shared by
 	// every caller of the same token; the source comes from the callers.
-	if !a.gate.allow(context.WithValue(ctx, sourceKey{}, a.sources.source(token)), reviewToken) {
+	if !a.gate.allow(context.WithValue(ctx, sourceKey{}, a.sources.source(token)), reviewToken, a.known.has(token)) {
 		// An error, so the token cache keeps nothing.
 		return nil, false, errThrottled
 	}
@@ -408,9 +410,11 @@ func (a tokenReviewer) AuthenticateToken(ctx context.Context, token string) (*au
 	case ok:
 		a.metrics.reviewed(reviewToken, "authenticated")
 		a.recall.authenticated(token, start)
+		a.known.add(token, start)
 	case out.answered.Load():
 		a.metrics.reviewed(reviewToken, "rejected")
 		a.recall.rejected(token)
+		a.known.forget(token)
 		return nil, false, nil
 	default:
 		a.metrics.reviewed(reviewToken, "error")

@@ -37,7 +37,7 @@ func NewMetrics() *Metrics {
 		}, []string{"verdict", "reason"}),
 		throttles: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_access_reviews_throttled_total",
-			Help: "Reviews not sent because the caller's share (limit=source) or the node's (limit=global) was used up; the request was forwarded instead.",
+			Help: "Reviews not sent because the caller's share (limit=source) or the node's was used up: for callers already authenticated (limit=global) or for tokens never seen authenticated (limit=unverified); the request was forwarded instead.",
 		}, []string{"review", "limit"}),
 		degradedL: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_access_degraded_decisions_total",
