@@ -280,7 +280,7 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 		if out.calls.Load() > 0 && out.answered.Load() {
 			sarAt = sarStart
 		}
-		d.recall.allowed(token, anonymous, resp.User, sarAt, start.Add(-d.tokenTTL-d.timeout), reason)
+		d.recall.allowed(token, anonymous, sourceFrom(ctx), resp.User, sarAt, start.Add(-d.tokenTTL-d.timeout), reason)
 		return Result{Verdict: Allowed, User: resp.User, AuthorizationReason: reason}
 	case errors.Is(err, errThrottled):
 		return Result{Verdict: Forward, Reason: ReasonThrottled}

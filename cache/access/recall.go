@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unique"
 
 	"k8s.io/apiserver/pkg/authentication/user"
 )
@@ -46,8 +47,11 @@ type recall struct {
 
 	mu     sync.Mutex // protects the fields below
 	tokens map[string]*recalledToken
-	// decisions counts the kept allow decisions of every token.
+	// decisions counts the kept allow decisions of every token;
+	// bySource holds them by the source (client IP) whose request they
+	// were made for.
 	decisions int
+	bySource  map[unique.Handle[string]]map[decisionRef]struct{}
 }
 
 // recalledToken is what kube-apiserver last said of one token.
@@ -58,20 +62,39 @@ type recalledToken struct {
 	user          user.Info
 	// expires is the token's own expiry (zero: it has none).
 	expires time.Time
-	// allowed holds when each request's attributes were last allowed.
-	allowed map[string]recalledAllow
+	// allowed holds when each request's attributes (by a hash of their
+	// key) were last allowed.
+	allowed map[attrsHash]recalledAllow
 }
+
+// attrsHash is a SHA-256 of a request's attributes key: 32 bytes kept per
+// decision, whatever the size of the selectors.
+type attrsHash [sha256.Size]byte
 
 type recalledAllow struct {
 	at     time.Time
-	reason string
+	reason unique.Handle[string] // the same few reasons, kept once
+	src    unique.Handle[string]
+}
+
+// decisionRef names one kept decision: its token's key and attributes.
+type decisionRef struct {
+	token string
+	attrs attrsHash
 }
 
 // maxRecalledDecisions bounds the kept allow decisions, and the kept
-// tokens; callers choose the attributes (within MaxReviewBytes each), so
-// past the bound the stale ones go, and all of them if that is not
-// enough.
-const maxRecalledDecisions = 16384
+// tokens; maxRecalledPerSource bounds those one source's requests made.
+// Callers choose the attributes (within MaxReviewBytes each) and can hold
+// many tokens of one user (T tokens and A selectors make T x A decisions
+// for T + A reviews), so a source at its bound gives up its own oldest
+// decision, and when all are full the source holding the most gives up
+// its oldest: no source can evict the decisions of a source holding fewer.
+// About 400 bytes each: under 7 MiB at the bound.
+const (
+	maxRecalledDecisions = 16384
+	maxRecalledPerSource = 2048
+)
 
 func newRecall(ttl time.Duration, now func() time.Time) *recall {
 	key := make([]byte, 32)
@@ -79,7 +102,8 @@ func newRecall(ttl time.Duration, now func() time.Time) *recall {
 	if now == nil {
 		now = time.Now
 	}
-	return &recall{ttl: ttl, now: now, key: key, tokens: map[string]*recalledToken{}}
+	return &recall{ttl: ttl, now: now, key: key, tokens: map[string]*recalledToken{},
+		bySource: map[unique.Handle[string]]map[decisionRef]struct{}{}}
 }
 
 // tokenKey is the key of token: an HMAC, so that no token is held.
@@ -113,9 +137,9 @@ func (rc *recall) tokenLocked(k string) *recalledToken {
 	t := rc.tokens[k]
 	if t == nil {
 		if len(rc.tokens) >= maxRecalledDecisions {
-			rc.pruneLocked()
+			rc.pruneTokensLocked()
 		}
-		t = &recalledToken{allowed: map[string]recalledAllow{}}
+		t = &recalledToken{allowed: map[attrsHash]recalledAllow{}}
 		rc.tokens[k] = t
 	}
 	return t
@@ -131,17 +155,20 @@ func (rc *recall) rejected(token string) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if t := rc.tokens[k]; t != nil {
-		rc.decisions -= len(t.allowed)
+		for h := range t.allowed {
+			rc.dropLocked(k, t, h)
+		}
 		delete(rc.tokens, k)
 	}
 }
 
 // allowed records that kube-apiserver allowed attrs (a key of the request
 // attributes without the user) for token's user u, by a review made at
-// sarAt. The decision is kept with the older of sarAt and the token's
-// last authentication, tokenFloor when that is unknown (tokenFloor then stands in for it: the oldest answer the token
+// sarAt for a request of src. The decision is kept with the older of
+// sarAt and the token's last authentication, tokenFloor when that is
+// unknown (tokenFloor then stands in for it: the oldest answer the token
 // cache may still serve).
-func (rc *recall) allowed(token, attrs string, u user.Info, sarAt, tokenFloor time.Time, reason string) {
+func (rc *recall) allowed(token, attrs, src string, u user.Info, sarAt, tokenFloor time.Time, reason string) {
 	if rc == nil || rc.ttl <= 0 {
 		return
 	}
@@ -149,9 +176,12 @@ func (rc *recall) allowed(token, attrs string, u user.Info, sarAt, tokenFloor ti
 	if !ok {
 		return
 	}
+	h := attrsHash(sha256.Sum256([]byte(attrs)))
+	source := unique.Make(src)
+	k := rc.tokenKey(token)
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	t := rc.tokenLocked(rc.tokenKey(token))
+	t := rc.tokenLocked(k)
 	t.user, t.expires = u, expires
 	at := sarAt
 	authAt := t.authenticated
@@ -163,18 +193,81 @@ func (rc *recall) allowed(token, attrs string, u user.Info, sarAt, tokenFloor ti
 	if authAt.Before(at) {
 		at = authAt
 	}
-	if _, ok := t.allowed[attrs]; !ok {
-		if rc.decisions >= maxRecalledDecisions {
-			rc.pruneLocked()
+	prev, ok := t.allowed[h]
+	if ok {
+		// Each answer gives a lower bound of when kube-apiserver last
+		// made the decision; the newest bound stands. The decision now
+		// belongs to the source that asked last.
+		if prev.at.After(at) {
+			at = prev.at
 		}
-		rc.decisions++
+		rc.dropLocked(k, t, h)
 	}
-	// Each answer gives a lower bound of when kube-apiserver last made
-	// the decision; the newest bound stands.
-	if prev, ok := t.allowed[attrs]; ok && prev.at.After(at) {
-		at = prev.at
+	rc.makeRoomLocked(source)
+	t.allowed[h] = recalledAllow{at: at, reason: unique.Make(reason), src: source}
+	refs := rc.bySource[source]
+	if refs == nil {
+		refs = map[decisionRef]struct{}{}
+		rc.bySource[source] = refs
 	}
-	t.allowed[attrs] = recalledAllow{at: at, reason: reason}
+	refs[decisionRef{token: k, attrs: h}] = struct{}{}
+	rc.decisions++
+}
+
+// makeRoomLocked frees a place for a new decision of src: its own oldest
+// when src is at its bound; when every place is taken, the stale ones,
+// then the oldest of the source holding the most. rc.mu is held.
+func (rc *recall) makeRoomLocked(src unique.Handle[string]) {
+	if len(rc.bySource[src]) >= maxRecalledPerSource {
+		rc.dropOldestLocked(src)
+	}
+	if rc.decisions < maxRecalledDecisions {
+		return
+	}
+	rc.pruneStaleLocked()
+	if rc.decisions < maxRecalledDecisions {
+		return
+	}
+	var largest unique.Handle[string]
+	n := -1
+	for s, refs := range rc.bySource {
+		if len(refs) > n {
+			largest, n = s, len(refs)
+		}
+	}
+	rc.dropOldestLocked(largest)
+}
+
+// dropOldestLocked drops the oldest decision of src. rc.mu is held.
+func (rc *recall) dropOldestLocked(src unique.Handle[string]) {
+	var oldest decisionRef
+	var oldestAt time.Time
+	found := false
+	for ref := range rc.bySource[src] {
+		a := rc.tokens[ref.token].allowed[ref.attrs]
+		if !found || a.at.Before(oldestAt) {
+			oldest, oldestAt, found = ref, a.at, true
+		}
+	}
+	if found {
+		rc.dropLocked(oldest.token, rc.tokens[oldest.token], oldest.attrs)
+	}
+}
+
+// dropLocked forgets token k's decision h. rc.mu is held.
+func (rc *recall) dropLocked(k string, t *recalledToken, h attrsHash) {
+	a, ok := t.allowed[h]
+	if !ok {
+		return
+	}
+	delete(t.allowed, h)
+	rc.decisions--
+	if refs := rc.bySource[a.src]; refs != nil {
+		delete(refs, decisionRef{token: k, attrs: h})
+		if len(refs) == 0 {
+			delete(rc.bySource, a.src)
+		}
+	}
 }
 
 // denied forgets token's allow decision for attrs: kube-apiserver's newest
@@ -187,10 +280,7 @@ func (rc *recall) denied(token, attrs string) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
 	if t := rc.tokens[k]; t != nil {
-		if _, ok := t.allowed[attrs]; ok {
-			delete(t.allowed, attrs)
-			rc.decisions--
-		}
+		rc.dropLocked(k, t, sha256.Sum256([]byte(attrs)))
 	}
 }
 
@@ -219,34 +309,49 @@ func (rc *recall) lookup(token, attrs string) (user.Info, string, time.Time, str
 	if !t.expires.IsZero() && !now.Before(t.expires) {
 		return nil, "", time.Time{}, recallTokenExpired
 	}
-	a, ok := t.allowed[attrs]
+	a, ok := t.allowed[sha256.Sum256([]byte(attrs))]
 	switch {
 	case !ok:
 		return nil, "", time.Time{}, recallNoDecision
 	case now.Sub(a.at) > rc.ttl:
 		return nil, "", time.Time{}, recallStale
 	}
-	return t.user, a.reason, a.at, recallAllowed
+	return t.user, a.reason.Value(), a.at, recallAllowed
 }
 
-// pruneLocked drops decisions older than the TTL, and everything if that
-// frees nothing. rc.mu must be held.
-func (rc *recall) pruneLocked() {
+// pruneStaleLocked drops the decisions older than the TTL. rc.mu must be
+// held.
+func (rc *recall) pruneStaleLocked() {
 	now := rc.now()
 	for k, t := range rc.tokens {
-		for attrs, a := range t.allowed {
+		for h, a := range t.allowed {
 			if now.Sub(a.at) > rc.ttl {
-				delete(t.allowed, attrs)
-				rc.decisions--
+				rc.dropLocked(k, t, h)
 			}
 		}
+	}
+}
+
+// pruneTokensLocked makes room for a token: it drops stale decisions and
+// the tokens left without any whose authentication is older than the
+// TTL, then, if that is not enough, every token without a decision (only
+// its authentication time goes, and a decision made later counts the
+// token as old as the token cache allows). rc.mu must be held.
+func (rc *recall) pruneTokensLocked() {
+	rc.pruneStaleLocked()
+	now := rc.now()
+	for k, t := range rc.tokens {
 		if len(t.allowed) == 0 && now.Sub(t.authenticated) > rc.ttl {
 			delete(rc.tokens, k)
 		}
 	}
-	if rc.decisions >= maxRecalledDecisions || len(rc.tokens) >= maxRecalledDecisions {
-		clear(rc.tokens)
-		rc.decisions = 0
+	if len(rc.tokens) < maxRecalledDecisions {
+		return
+	}
+	for k, t := range rc.tokens {
+		if len(t.allowed) == 0 {
+			delete(rc.tokens, k)
+		}
 	}
 }
 

@@ -3,6 +3,7 @@ package access
 import (
 	"encoding/base64"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -320,5 +321,61 @@ func TestUnreachableNeedsAFailedReview(t *testing.T) {
 	time.Sleep(5 * time.Millisecond)
 	if res := s.review(t, pods, token); res.Verdict != Forward || res.Reason != ReasonReviewError {
 		t.Errorf("failed review with healthy endpoints: %v (%s), want forwarded", res.Verdict, res.Reason)
+	}
+}
+
+// TestRecallEvictsPerSource: a tenant on ten pods fills the recalled
+// decisions with many tokens and selectors (T tokens x A selectors are T x
+// A decisions). Each of its sources gives up its own oldest decisions,
+// and when everything is full the largest source gives up its oldest: a
+// victim's decision stays. The heap the full table takes is measured.
+func TestRecallEvictsPerSource(t *testing.T) {
+	clock := &fakeClock{t: time.Now()}
+	rc := newRecall(5*time.Minute, clock.Now)
+	exp := clock.Now().Add(time.Hour)
+	victim := fakeJWT("victim", exp)
+	const victimAttrs = "list pods in ns1"
+	rc.allowed(victim, victimAttrs, "10.0.0.7", nil, clock.Now(), clock.Now(), "RBAC: allowed")
+
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	// Attributes keys as large as a review may carry (MaxReviewBytes).
+	selector := strings.Repeat("x", MaxReviewBytes-64)
+	const sources, tokens, selectors = 10, 20, 100
+	for s := range sources {
+		for tok := range tokens {
+			token := fakeJWT(fmt.Sprintf("tenant-%d-%d", s, tok), exp)
+			for a := range selectors {
+				clock.Step(time.Millisecond)
+				rc.allowed(token, fmt.Sprintf("%d %s", a, selector), fmt.Sprintf("10.0.1.%d", s), nil,
+					clock.Now(), clock.Now(), `RBAC: allowed by RoleBinding "edit/tenant" of ClusterRole "edit" to ServiceAccount "default/tenant"`)
+			}
+		}
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	rc.mu.Lock()
+	kept, perSource := rc.decisions, 0
+	for _, refs := range rc.bySource {
+		perSource = max(perSource, len(refs))
+	}
+	rc.mu.Unlock()
+	heap := float64(int64(after.HeapAlloc)-int64(before.HeapAlloc)) / (1 << 20)
+	t.Logf("%d decisions offered from %d sources: %d kept, at most %d per source, heap +%.1f MiB",
+		sources*tokens*selectors, sources, kept, perSource, heap)
+	if _, _, _, outcome := rc.lookup(victim, victimAttrs); outcome != recallAllowed {
+		t.Errorf("victim's decision: %s, want it kept", outcome)
+	}
+	if kept > maxRecalledDecisions || perSource > maxRecalledPerSource {
+		t.Errorf("%d decisions kept (%d for one source), want at most %d (%d)", kept, perSource, maxRecalledDecisions, maxRecalledPerSource)
+	}
+	if heap > 8 {
+		t.Errorf("the full table takes %.1f MiB of heap, want at most 8", heap)
+	}
+	// The newest decisions of each source are the ones kept.
+	last := fakeJWT(fmt.Sprintf("tenant-%d-%d", sources-1, tokens-1), exp)
+	if _, _, _, outcome := rc.lookup(last, fmt.Sprintf("%d %s", selectors-1, selector)); outcome != recallAllowed {
+		t.Errorf("a source's newest decision: %s, want kept", outcome)
 	}
 }
