@@ -395,6 +395,7 @@ func (at *attacks) bogusTokens(t *testing.T) {
 	var ordinary, bogus, ordinaryConsistent, bogusConsistent []time.Duration
 	var ordinaryCodes, codes map[int]int
 	var reviews, throttled float64
+	var victimHits []float64
 	var took time.Duration
 	for round := range rounds {
 		// Ordinary load: the tenant's own token, a read the cache does
@@ -410,6 +411,7 @@ func (at *attacks) bogusTokens(t *testing.T) {
 		took += time.Since(start)
 		after := scrapeAgent(t, ctx, at.a)
 		bogus, bogusConsistent = append(bogus, p99.cached), append(bogusConsistent, p99.consistent)
+		victimHits = append(victimHits, p99.cachedHits)
 		codes = mergeCodes(codes, c)
 		reviews += sumWhere(after["kube_apicache_access_reviews_total"], map[string]string{"review": "token"}) -
 			sumWhere(before["kube_apicache_access_reviews_total"], map[string]string{"review": "token"})
@@ -423,14 +425,24 @@ func (at *attacks) bogusTokens(t *testing.T) {
 	figuref(t, "attacks/%s: %d bogus tokens in %v over %d rounds: %v TokenReviews sent, %v throttled and forwarded; answers %v",
 		t.Name(), sent, took.Round(time.Millisecond), rounds, reviews, throttled, codes)
 	best, bestOrdinary := slices.Min(bogus), slices.Min(ordinary)
-	figuref(t, "attacks/%s: victim's cached-read (resourceVersion=0) p99 under %v ordinary forwarded requests %v (best of %v), under the bogus tokens %v (best of %v; ratio to ordinary %.2f)",
+	figuref(t, "attacks/%s: victim's cached-read (resourceVersion=0) p99 under %v ordinary forwarded requests %v (best of %v), under the bogus tokens %v (best of %v; ratio to ordinary %.2f); cache hits %v of %d per round",
 		t.Name(), ordinaryCodes, bestOrdinary.Round(time.Microsecond), roundDurations(ordinary),
-		best.Round(time.Microsecond), roundDurations(bogus), float64(best)/float64(bestOrdinary))
+		best.Round(time.Microsecond), roundDurations(bogus), float64(best)/float64(bestOrdinary), victimHits, victimSamples)
 	figuref(t, "attacks/%s: victim's consistent-read p99 quiet %v, under ordinary forwarded requests %v (best of %v), under the bogus tokens %v (best of %v; ratio to ordinary %.2f; reported, not bounded)",
 		t.Name(), at.quiet.Round(time.Microsecond), slices.Min(ordinaryConsistent).Round(time.Microsecond), roundDurations(ordinaryConsistent),
 		slices.Min(bogusConsistent).Round(time.Microsecond), roundDurations(bogusConsistent),
 		float64(slices.Min(bogusConsistent))/float64(slices.Min(ordinaryConsistent)))
-	if best > 2*bestOrdinary && best > 20*time.Millisecond {
+	// What the agent owes the victim under bogus tokens is its own
+	// reviews (its token was seen valid: never the tenant's budget) and
+	// so cache hits. Its latency also pays for kube-apiserver
+	// authenticating every bogus token on the same two cores, so the
+	// ratio has a floor of this machine's size.
+	for round, hits := range victimHits {
+		if int(hits) < victimSamples {
+			t.Errorf("round %d: %v of the victim's %d cached reads were cache hits under the bogus tokens, want all", round, hits, victimSamples)
+		}
+	}
+	if best > 2*bestOrdinary && best > 100*time.Millisecond {
 		t.Errorf("victim's cached-read p99 under the bogus tokens %v (best of %d rounds), more than twice its p99 under ordinary load %v", best, rounds, bestOrdinary)
 	}
 	// The tenant's share: the burst plus the rate over the attack, and a
@@ -467,7 +479,12 @@ func roundDurations(ds []time.Duration) []string {
 
 // victimP99s are the victim's p99 of cached reads served by the agent
 // alone (resourceVersion=0) and of consistent reads (after a probe).
-type victimP99s struct{ cached, consistent time.Duration }
+type victimP99s struct {
+	cached, consistent time.Duration
+	// cachedHits counts the cache hits while the cached reads were
+	// measured: the tenant's own requests are never hits.
+	cachedHits float64
+}
 
 // underLoad measures the victim's p99s while the tenant's client sends
 // GETs of path, 20 at a time, each with token(i); it returns them and the
@@ -502,7 +519,9 @@ func (at *attacks) underLoad(t *testing.T, ctx context.Context, hc *http.Client,
 	}()
 	time.Sleep(100 * time.Millisecond)
 	var p victimP99s
+	hits := readCacheMetrics(t, ctx, at.a).outcomes["hit"]
 	p.cached = at.victimP99Of(t, ctx, nodePods+"&resourceVersion=0")
+	p.cachedHits = readCacheMetrics(t, ctx, at.a).outcomes["hit"] - hits
 	p.consistent = at.victimP99(t, ctx)
 	close(stop)
 	<-done
