@@ -51,7 +51,8 @@ type Agent struct {
 	audit *audit.Auditor
 	// syncNow asks the run loop for a sync before the next tick.
 	syncNow chan struct{}
-	// local is what detect-local learns from the API (detectlocal.go).
+	// local is what detect-local and the pod-path check learn from the
+	// API (detectlocal.go).
 	local *localPods
 	// podPath checks interception as pods get it (podpath.go); nil when
 	// off. lastLapse is when (Unix nanoseconds) a liveness refresh last came
@@ -411,7 +412,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if a.cfg.InterceptionConfigMap != "" {
 		wg.Go(func() { a.watchInterceptionConfigMap(loops) })
 	}
-	if m := a.cfg.DetectLocalMode; m == DetectLocalPodIPs || m == DetectLocalNodeCIDR {
+	if a.followsLocal() {
 		wg.Go(func() { a.runDetectLocal(loops) })
 	}
 	if a.cache != nil {

@@ -136,14 +136,23 @@ func isNodeAddress(addr netip.Addr) bool {
 	if addr.IsLoopback() || addr.IsUnspecified() {
 		return true
 	}
+	addrs, err := nodeAddresses()
+	return err != nil || addrs[addr]
+}
+
+// nodeAddresses returns the addresses of the node's own interfaces: the
+// agent runs in the node's network namespace, so these are the sources
+// the node's own traffic carries.
+func nodeAddresses() (map[netip.Addr]bool, error) {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
-		return true
+		return nil, fmt.Errorf("listing the node's addresses: %w", err)
 	}
+	out := make(map[netip.Addr]bool, len(addrs))
 	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == addr {
-			return true
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out[p.Addr().Unmap()] = true
 		}
 	}
-	return false
+	return out, nil
 }

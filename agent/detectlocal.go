@@ -187,7 +187,8 @@ func (a *Agent) localMatch(f netrules.Family) (localMatch, error) {
 }
 
 // localPods follows what detect-local needs from the API: the IPs of this
-// node's pods (PodIPs mode) or the Node's podCIDRs (NodeCIDR mode).
+// node's pods (PodIPs mode, and for the pod-path check in every mode) or
+// the Node's podCIDRs (NodeCIDR mode).
 type localPods struct {
 	mu sync.Mutex // protects the fields below
 	// ips holds each pod's IPs by namespace/name, nil until synced.
@@ -253,10 +254,25 @@ func (a *Agent) localClientConfig() *rest.Config {
 	return cfg
 }
 
-// runDetectLocal feeds localPods until ctx ends: in PodIPs mode from a
-// watch of this node's pods (only their IPs are kept), in NodeCIDR mode
-// from the Node, read until it names its podCIDRs. Each change asks for a
-// sync, which puts it into the kernel.
+// followsLocal reports whether runDetectLocal has anything to follow: the
+// Node's podCIDRs in NodeCIDR mode, this node's pods in PodIPs mode and
+// for the pod-path check, which sends only those pods to kube-proxy's path
+// (podpath.go), in every mode.
+func (a *Agent) followsLocal() bool {
+	return a.cfg.DetectLocalMode == DetectLocalNodeCIDR || a.followsLocalPods()
+}
+
+// followsLocalPods reports whether runDetectLocal watches this node's
+// pods.
+func (a *Agent) followsLocalPods() bool {
+	return a.cfg.DetectLocalMode == DetectLocalPodIPs || a.podPath != nil
+}
+
+// runDetectLocal feeds localPods until ctx ends: from a watch of this
+// node's pods (only their IPs are kept), and in NodeCIDR mode from the
+// Node, read until it names its podCIDRs. Each change the kernel holds
+// (the pods set of PodIPs mode, the podCIDRs) asks for a sync, which puts
+// it there.
 func (a *Agent) runDetectLocal(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	client, err := kubernetes.NewForConfig(a.localClientConfig())
@@ -264,12 +280,14 @@ func (a *Agent) runDetectLocal(ctx context.Context) {
 		logger.Error(err, "Cannot follow this node's pods for detect-local")
 		return
 	}
-	switch a.cfg.DetectLocalMode {
-	case DetectLocalNodeCIDR:
-		a.readNodeCIDRs(ctx, client)
-	case DetectLocalPodIPs:
-		a.watchLocalPods(ctx, client)
+	var wg sync.WaitGroup
+	if a.cfg.DetectLocalMode == DetectLocalNodeCIDR {
+		wg.Go(func() { a.readNodeCIDRs(ctx, client) })
 	}
+	if a.followsLocalPods() {
+		wg.Go(func() { a.watchLocalPods(ctx, client) })
+	}
+	wg.Wait()
 }
 
 // readNodeCIDRs reads the Node until it has podCIDRs (they never change
@@ -308,8 +326,15 @@ func (a *Agent) readNodeCIDRs(ctx context.Context, client kubernetes.Interface) 
 // watchLocalPods follows the pods bound to this node, as the kubelet does
 // (fieldSelector spec.nodeName), keeping only their IPs. Host-network pods
 // are skipped: their traffic leaves through nat OUTPUT, which is always
-// intercepted.
+// intercepted, and their IPs are the node's. Only in PodIPs mode does a
+// change ask for a sync: in the other modes the kernel holds no pods set,
+// and the pod-path check reads the IPs as it scans.
 func (a *Agent) watchLocalPods(ctx context.Context, client kubernetes.Interface) {
+	requestSync := func() {
+		if a.cfg.DetectLocalMode == DetectLocalPodIPs {
+			a.requestSync()
+		}
+	}
 	lw := cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", metav1.NamespaceAll, func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.cfg.NodeName).String()
 	})
@@ -328,7 +353,7 @@ func (a *Agent) watchLocalPods(ctx context.Context, client kubernetes.Interface)
 		}
 		slices.SortFunc(ips, netip.Addr.Compare)
 		if a.local.set(pod.Namespace+"/"+pod.Name, ips) {
-			a.requestSync()
+			requestSync()
 		}
 	}
 	inf := cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{})
@@ -352,7 +377,7 @@ func (a *Agent) watchLocalPods(ctx context.Context, client kubernetes.Interface)
 				obj = d.Obj
 			}
 			if pod, ok := obj.(*corev1.Pod); ok && a.local.set(pod.Namespace+"/"+pod.Name, nil) {
-				a.requestSync()
+				requestSync()
 			}
 		},
 	})
@@ -364,7 +389,7 @@ func (a *Agent) watchLocalPods(ctx context.Context, client kubernetes.Interface)
 			a.local.ips = map[string][]netip.Addr{}
 		}
 		a.local.mu.Unlock()
-		a.requestSync()
+		requestSync()
 	}
 	<-ctx.Done()
 }

@@ -104,8 +104,13 @@ func prefixNet(p netip.Prefix) *net.IPNet {
 
 // dialFrom connects to addr from namespace ns (on a thread of its own that
 // never returns to the scheduler) and returns the first line the server
-// sends.
+// sends, giving up after two seconds.
 func dialFrom(ns netns.NsHandle, addr netip.AddrPort) (string, error) {
+	return dialFromWithin(ns, addr, 2*time.Second)
+}
+
+// dialFromWithin is dialFrom giving up after timeout.
+func dialFromWithin(ns netns.NsHandle, addr netip.AddrPort, timeout time.Duration) (string, error) {
 	type result struct {
 		line string
 		err  error
@@ -118,7 +123,7 @@ func dialFrom(ns netns.NsHandle, addr netip.AddrPort) (string, error) {
 			ch <- result{err: err}
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr.String())
 		if err != nil {
@@ -126,7 +131,7 @@ func dialFrom(ns netns.NsHandle, addr netip.AddrPort) (string, error) {
 			return
 		}
 		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		_ = c.SetDeadline(time.Now().Add(timeout))
 		line, err := bufio.NewReader(c).ReadString('\n')
 		ch <- result{strings.TrimSpace(line), err}
 	}()

@@ -16,13 +16,15 @@ import (
 )
 
 // TestPodPath drives the pod-path check over a fake conntrack table: a pod
-// connection redirected to the agent and left unanswered over two scans
-// sends its source to kube-proxy's path and is deleted from conntrack; an
-// answered one and flows older than the check change nothing; a new flow of
-// a pod of this node that did not reach the agent while it intercepted
-// makes the agent report not intercepting, with the flow; a source sent to
-// kube-proxy's path on purpose, or a new pod's connection that may have
-// begun before its IP reached the pods set, is no such bypass.
+// connection redirected to the agent and left unanswered over two scans,
+// twice (its SYN and the retry after it), sends its source to kube-proxy's
+// path, and its unanswered flows are deleted from conntrack; one
+// unanswered attempt alone, an answered one and flows older than the
+// check change nothing; a new flow of a pod of this node that did not
+// reach the agent while it intercepted makes the agent report not
+// intercepting, with the flow; a source sent to kube-proxy's path on
+// purpose, or a new pod's connection that may have begun before its IP
+// reached the pods set, is no such bypass.
 func TestPodPath(t *testing.T) {
 	k := newFakeKernel(t)
 	ep := newTestEndpoint(t, ok)
@@ -66,13 +68,24 @@ func TestPodPath(t *testing.T) {
 
 	// when a pod's redirected connection attempt has no conntrack flow
 	// over two scans (a filter dropped its first packet before conntrack
-	// confirmed it), then its source goes to kube-proxy's path;
+	// confirmed it), that alone changes nothing, however long the check
+	// looks;
 	attempt(pod(5), 40000)
 	attempt(pod(6), 40001)
 	k.ct.Add(flow(pod(6), 40001, vip, true)) // answered: fine
+	for range 4 {
+		a.scanPodPath(logger)
+	}
+	if k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod(5)) {
+		t.Fatal("source skipped on one unanswered packet")
+	}
+	// but once its retried SYN (recorded afresh: the first was forgotten
+	// once judged) goes unanswered too, its source goes to kube-proxy's
+	// path;
+	attempt(pod(5), 40000)
 	a.scanPodPath(logger)
 	if k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod(5)) {
-		t.Fatal("source skipped after one scan")
+		t.Fatal("source skipped before its second attempt was judged")
 	}
 	a.scanPodPath(logger)
 	if !k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod(5)) {
@@ -88,19 +101,28 @@ func TestPodPath(t *testing.T) {
 		t.Errorf("another pod's connection goes to %q (%v), want the agent", to, err)
 	}
 	// and when a confirmed flow of an attempt stays unanswered (a drop
-	// later on the path), it is deleted too, so that its next SYN is NATed
-	// afresh.
+	// later on the path), it is deleted, so that its next SYN is NATed and
+	// recorded afresh, and when that one's flow stays unanswered too, it
+	// is deleted and the source skipped.
 	unanswered := flow(pod(7), 40005, vip, false)
-	attempt(pod(7), 40005)
-	k.ct.Add(unanswered)
-	a.scanPodPath(logger)
-	a.scanPodPath(logger)
-	if len(k.ct.Deleted) != 1 || k.ct.Deleted[0] != unanswered {
-		t.Errorf("deleted flows = %+v, want the unanswered one", k.ct.Deleted)
+	for range blockedAttempts {
+		attempt(pod(7), 40005)
+		k.ct.Add(unanswered)
+		a.scanPodPath(logger)
+		a.scanPodPath(logger)
+	}
+	if len(k.ct.Deleted) != blockedAttempts || k.ct.Deleted[0] != unanswered || k.ct.Deleted[1] != unanswered {
+		t.Errorf("deleted flows = %+v, want the unanswered one, once per attempt", k.ct.Deleted)
+	}
+	if !k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod(7)) {
+		t.Fatalf("source of unanswered flows not in the skip set:\n%s", k.ipset.Save())
 	}
 	mustDo(t, k.ipset.IpsetDel(skipSetName(a.cfg, netrules.IPv4), &netlink.IPSetEntry{IP: pod(7).AsSlice()}))
 	if got := testutil.ToFloat64(a.podPath.blocked.WithLabelValues("IPv4")); got != 2 {
 		t.Errorf("blocked = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(a.podPath.unanswered.WithLabelValues("IPv4", unansweredCounted)); got != 2*blockedAttempts {
+		t.Errorf("unanswered attempts counted = %v, want %d (of pods %s and %s)", got, 2*blockedAttempts, pod(5), pod(7))
 	}
 	if note := a.interceptionNote(); !strings.Contains(note, "dropped on the way") || !strings.Contains(note, pod(7).String()) {
 		t.Errorf("/intercepting note = %q", note)
@@ -134,5 +156,95 @@ func TestPodPath(t *testing.T) {
 	}
 	if err := a.Intercepting(); err == nil || !strings.Contains(err.Error(), "bypasses the agent") || !strings.Contains(err.Error(), pod(7).String()) {
 		t.Errorf("Intercepting() after a bypass = %v", err)
+	}
+}
+
+// TestPodPathUnansweredSources pins whom unanswered attempts are held
+// against. A packet with any source address can be forged by a pod with
+// CAP_NET_RAW, and one the kernel drops on routing looks like a filter's
+// drop; so in every detect-local mode only a pod of this node goes to
+// kube-proxy's path, never an address of the node itself (its own traffic,
+// the self-check's included, takes the same chain), and only on
+// blockedAttempts unanswered attempts within strikeTTL.
+func TestPodPathUnansweredSources(t *testing.T) {
+	node := netip.MustParseAddr("10.250.1.1")
+	pod := netip.MustParseAddr("10.244.1.5")
+	tests := []struct {
+		name string
+		// src sends attempts, each recorded after the one before was
+		// judged, every gap apart; pods are this node's pod IPs, nil
+		// while not listed.
+		src      netip.Addr
+		attempts int
+		gap      time.Duration
+		pods     []netip.Addr
+		skipped  bool
+		outcome  string
+	}{{
+		// A pod of this node whose SYN and its retry go unanswered.
+		name: "pod, retried", src: pod, attempts: blockedAttempts, gap: time.Second, pods: []netip.Addr{pod},
+		skipped: true, outcome: unansweredCounted,
+	}, {
+		// One unanswered packet is no evidence.
+		name: "pod, one packet", src: pod, attempts: 1, pods: []netip.Addr{pod},
+		outcome: unansweredCounted,
+	}, {
+		// Unanswered attempts further apart than strikeTTL never add up.
+		name: "pod, far apart", src: pod, attempts: blockedAttempts, gap: strikeTTL + time.Second, pods: []netip.Addr{pod},
+		outcome: unansweredCounted,
+	}, {
+		// The node's own address, however often, even were it a pod's
+		// too: the self-check judges the node's own path.
+		name: "node address", src: node, attempts: 3 * blockedAttempts, gap: time.Second, pods: []netip.Addr{node, pod},
+		outcome: unansweredNodeAddress,
+	}, {
+		// Loopback can only be forged from a pod.
+		name: "loopback", src: netip.MustParseAddr("127.0.0.1"), attempts: 3 * blockedAttempts, gap: time.Second, pods: []netip.Addr{pod},
+		outcome: unansweredNodeAddress,
+	}, {
+		// An address no pod of this node has: another node's pod, or
+		// anyone's.
+		name: "not a pod", src: netip.MustParseAddr("10.244.2.7"), attempts: 3 * blockedAttempts, gap: time.Second, pods: []netip.Addr{pod},
+		outcome: unansweredNotPod,
+	}, {
+		// Before this node's pods are listed, no source is known to be
+		// one.
+		name: "pods not listed", src: pod, attempts: 3 * blockedAttempts, gap: time.Second, pods: nil,
+		outcome: unansweredPodsUnknown,
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			k := newFakeKernel(t)
+			ep := newTestEndpoint(t, ok)
+			a, _ := newSyncTestAgentWith(t, k, ep, func(c *Config) {
+				c.DetectLocalMode = DetectLocalNone
+				c.PodPathCheckInterval = 250 * time.Millisecond
+				c.BypassDuration = 10 * time.Minute
+			})
+			now := time.Now()
+			a.now = func() time.Time { return now }
+			a.podPath = newPodPath(k.ct, a.metrics.registry)
+			a.podPath.nodeAddrs = func() (map[netip.Addr]bool, error) { return map[netip.Addr]bool{node: true}, nil }
+			if tc.pods != nil {
+				a.local.set("default/a", tc.pods)
+			}
+			if notReady, err := a.sync(context.Background()); err != nil || notReady != nil {
+				t.Fatalf("sync = %v, %v", notReady, err)
+			}
+			logger := klog.Background()
+			port, proto := uint16(40000), uint8(6)
+			for range tc.attempts {
+				mustDo(t, k.ipset.IpsetAdd(seenSetName(a.cfg, netrules.IPv4), &netlink.IPSetEntry{IP: tc.src.AsSlice(), Port: &port, Protocol: &proto, Replace: true}))
+				a.scanPodPath(logger)
+				a.scanPodPath(logger)
+				now = now.Add(tc.gap)
+			}
+			if got := k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), tc.src); got != tc.skipped {
+				t.Errorf("%s skipped = %v, want %v:\n%s", tc.src, got, tc.skipped, k.ipset.Save())
+			}
+			if got := testutil.ToFloat64(a.podPath.unanswered.WithLabelValues("IPv4", tc.outcome)); got != float64(tc.attempts) {
+				t.Errorf("unanswered attempts %s = %v, want %d", tc.outcome, got, tc.attempts)
+			}
+		})
 	}
 }

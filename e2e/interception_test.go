@@ -723,7 +723,9 @@ func TestDetectLocalPodIPs(t *testing.T) {
 // egress policy to pod-to-host traffic, or a host firewall that drops
 // INPUT except on lo) while the node's own path, which the self-check
 // tests, is fine, when the pod opens a connection to the VIP, then it
-// reaches kube-apiserver through kube-proxy within TCP's first SYN retry,
+// reaches kube-apiserver through kube-proxy within TCP's second SYN retry
+// (the first and the retry after it both unanswered: no single packet
+// decides),
 // and the agent says why on /intercepting and in its metrics, while other
 // sources stay intercepted.
 func TestPodPathBlocked(t *testing.T) {
@@ -758,9 +760,9 @@ func TestPodPathBlocked(t *testing.T) {
 		t.Fatalf("GET /version from the blocked pod: %v (after %s)\n%s\n%s\n%s\n%s", err, took, grepLines(text, "pod_path"), nat, sets, ct)
 	}
 	resp.Body.Close()
-	figuref(t, "pod-path: a pod whose traffic to the agent is dropped reached kube-apiserver through kube-proxy %s after its request began (TCP retries its SYN after 1s)", took.Round(time.Millisecond))
-	if took > 3*time.Second {
-		t.Errorf("the blocked pod took %s to reach kube-apiserver, want about one SYN retry (1s)", took)
+	figuref(t, "pod-path: a pod whose traffic to the agent is dropped reached kube-apiserver through kube-proxy %s after its request began (TCP retries its SYN after 1s, then 2s; 3s before Linux 6.5)", took.Round(time.Millisecond))
+	if took > 4*time.Second {
+		t.Errorf("the blocked pod took %s to reach kube-apiserver, want about two SYN retries (2s, 3s before Linux 6.5)", took)
 	}
 	if servedByAgent() {
 		t.Error("the blocked pod is still sent to the agent")
