@@ -788,6 +788,7 @@ func (a *Agent) newCache() error {
 		WaitTimeout:          a.cfg.CacheWaitTimeout,
 		ConsistentReads:      a.cfg.CacheConsistentReads,
 		ProbeMaxObjects:      a.cfg.CacheProbeMaxObjects,
+		ProbeBudget:          a.cfg.Limits.probeBudget(),
 		AsNode:               a.cfg.CacheAsNode,
 		OnDemand:             true,
 		Pinned:               a.cfg.CachePinnedResources,

@@ -98,6 +98,18 @@ type Limits struct {
 	ReviewBurstUnverified int
 	ReviewQPSReserved     float64
 	ReviewBurstReserved   int
+
+	// ProbeObjectsPerSecond and ProbeObjectsBurst bound the objects the
+	// cache's consistent-read probes list in total, under the agent's own
+	// identity; ProbeObjectsPerSecondPerSource and
+	// ProbeObjectsBurstPerSource those of the probes one source's reads
+	// start. A probe counts the objects of its scope, at least 100. A
+	// read whose probe either cannot pay for is forwarded. Zero means the
+	// default; a negative rate means no bound.
+	ProbeObjectsPerSecond          float64
+	ProbeObjectsBurst              int
+	ProbeObjectsPerSecondPerSource float64
+	ProbeObjectsBurstPerSource     int
 }
 
 // Defaults, as kube-apiserver serves.
@@ -148,6 +160,10 @@ func DefaultLimits() Limits {
 		ReviewBurstUnverified:           access.DefaultUnverifiedReviewBurst,
 		ReviewQPSReserved:               access.DefaultReservedReviewQPS,
 		ReviewBurstReserved:             access.DefaultReservedReviewBurst,
+		ProbeObjectsPerSecond:           apicache.DefaultProbeObjectsPerSecond,
+		ProbeObjectsBurst:               apicache.DefaultProbeBurst,
+		ProbeObjectsPerSecondPerSource:  apicache.DefaultProbeObjectsPerSecondPerSource,
+		ProbeObjectsBurstPerSource:      apicache.DefaultProbeBurstPerSource,
 	}
 }
 
@@ -174,6 +190,10 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.ReviewBurst, "review-burst", l.ReviewBurst, "Burst of --review-qps.")
 	fs.Float64Var(&l.ReviewQPSPerSource, "review-qps-per-source", l.ReviewQPSPerSource, "Reviews per second the agent sends for one client IP; past it that client's reads are forwarded instead of reviewed, so one pod cannot use up the others' reviews.")
 	fs.IntVar(&l.ReviewBurstPerSource, "review-burst-per-source", l.ReviewBurstPerSource, "Burst of --review-qps-per-source.")
+	fs.Float64Var(&l.ProbeObjectsPerSecond, "probe-objects-per-second", l.ProbeObjectsPerSecond, "Objects per second the consistent-read probes may list in total, as the agent (a probe counts the objects of the cached scope it lists, at least 100); a consistent read whose probe is past it is forwarded, for its caller to pay. Negative means no limit.")
+	fs.IntVar(&l.ProbeObjectsBurst, "probe-objects-burst", l.ProbeObjectsBurst, "Burst of --probe-objects-per-second. A probe larger than it is never sent: keep it at least --cache-probe-max-objects.")
+	fs.Float64Var(&l.ProbeObjectsPerSecondPerSource, "probe-objects-per-second-per-source", l.ProbeObjectsPerSecondPerSource, "Objects per second the probes that one client IP's consistent reads start may list; past it that client's consistent reads are forwarded unless they can join a probe already due, so one pod cannot spend the others' probes. Negative means no limit.")
+	fs.IntVar(&l.ProbeObjectsBurstPerSource, "probe-objects-burst-per-source", l.ProbeObjectsBurstPerSource, "Burst of --probe-objects-per-second-per-source. A probe larger than it is never sent: keep it at least --cache-probe-max-objects.")
 }
 
 // Validate reports the first invalid limit, as a one-line error naming its
@@ -204,6 +224,8 @@ func (l *Limits) Validate() error {
 		return errors.New("--review-qps, --review-qps-per-source, --review-qps-unverified and --review-qps-reserved-per-source must not be negative")
 	case l.ReviewBurst < 0 || l.ReviewBurstPerSource < 0 || l.ReviewBurstUnverified < 0 || l.ReviewBurstReserved < 0:
 		return errors.New("--review-burst, --review-burst-per-source, --review-burst-unverified and --review-burst-reserved-per-source must not be negative")
+	case l.ProbeObjectsBurst < 0 || l.ProbeObjectsBurstPerSource < 0:
+		return errors.New("--probe-objects-burst and --probe-objects-burst-per-source must not be negative")
 	}
 	return nil
 }
@@ -240,6 +262,12 @@ func (l Limits) gate() access.GateOptions {
 		UnverifiedQPS: l.ReviewQPSUnverified, UnverifiedBurst: l.ReviewBurstUnverified,
 		SourceQPS: l.ReviewQPSPerSource, SourceBurst: l.ReviewBurstPerSource,
 		ReservedQPS: l.ReviewQPSReserved, ReservedBurst: l.ReviewBurstReserved}
+}
+
+// probeBudget returns the bounds of the cache's consistent-read probes.
+func (l Limits) probeBudget() apicache.ProbeBudget {
+	return apicache.ProbeBudget{ObjectsPerSecond: l.ProbeObjectsPerSecond, Burst: l.ProbeObjectsBurst,
+		ObjectsPerSecondPerSource: l.ProbeObjectsPerSecondPerSource, BurstPerSource: l.ProbeObjectsBurstPerSource}
 }
 
 // http2Config is the HTTP/2 half of the limits. The connection window holds

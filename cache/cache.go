@@ -42,6 +42,8 @@ type Cache struct {
 	observing atomic.Int64
 	// sources bounds each source's requests in the cache's hands.
 	sources *sourceLimiter
+	// probes bounds what consistent-read probes list (probebudget.go).
+	probes *probeBudget
 }
 
 // New returns a Cache for cfg. It starts nothing; Run does.
@@ -75,7 +77,7 @@ func New(cfg Config) (*Cache, error) {
 		return nil, err
 	}
 	c := &Cache{cfg: cfg, byGR: map[schema.GroupResource]*resource{}, now: time.Now, clock: clock.RealClock{},
-		crds: newCRDIndex(cfg.Resources), sources: newSourceLimiter(cfg.MaxInFlightPerSource)}
+		crds: newCRDIndex(cfg.Resources), sources: newSourceLimiter(cfg.MaxInFlightPerSource), probes: newProbeBudget(cfg.ProbeBudget)}
 	pinned := map[schema.GroupResource]bool{}
 	for _, p := range cfg.Pinned {
 		pinned[p.GroupResource()] = true
@@ -269,7 +271,7 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 			fwd("review-" + res.Reason)
 			return
 		}
-		if reason := c.await(r.Context(), p); reason != "" {
+		if reason := c.await(r.Context(), p, sourceOf(r)); reason != "" {
 			// Answered once the cache catches up: the informer is in use.
 			c.touch(p.res.resource)
 			fwd(reason)
@@ -296,8 +298,9 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 }
 
 // await waits (bounded) until the cache may answer p's resourceVersion
-// semantics, and returns a reason to forward if it may not.
-func (c *Cache) await(ctx context.Context, p *plan) string {
+// semantics for a read from src, and returns a reason to forward if it
+// may not.
+func (c *Cache) await(ctx context.Context, p *plan, src string) string {
 	if p.badRequest != nil {
 		return ""
 	}
@@ -324,7 +327,7 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 		if !p.res.healthy() {
 			return reasonUnhealthy
 		}
-		return c.awaitProbe(ctx, p.res)
+		return c.awaitProbe(ctx, p.res, src)
 	case p.mode == rvConsistent:
 		if !p.res.healthy() {
 			return reasonUnhealthy
@@ -358,19 +361,29 @@ func (c *Cache) await(ctx context.Context, p *plan) string {
 }
 
 // awaitProbe waits (bounded) for a probe of res that started after the
-// read arrived, then for the Store to hold at least the probed state
-// (probe.go), and returns a reason to forward if it does not.
-func (c *Cache) awaitProbe(ctx context.Context, res *informer) string {
+// read from src arrived, then for the Store to hold at least the probed
+// state (probe.go), and returns a reason to forward if it does not. A
+// read that would start a probe pays for it first (probebudget.go).
+func (c *Cache) awaitProbe(ctx context.Context, res *informer, src string) string {
 	if res.prober == nil {
 		return reasonConsistent
 	}
-	if max := c.cfg.ProbeMaxObjects; max > 0 && res.store.Len() > max {
+	n := res.store.Len()
+	if limit := c.cfg.ProbeMaxObjects; limit > 0 && n > limit {
 		return reasonProbeTooLarge
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
 	defer cancel()
 	start := c.now()
-	result, err := res.prober.await(ctx)
+	refused := ""
+	result, err := res.prober.await(ctx, func() bool {
+		refused = c.probes.take(start, src, max(n, probeMinCost))
+		return refused == ""
+	})
+	if errors.Is(err, errProbeBudget) {
+		c.metrics.probeRefused(res.label, refused)
+		return reasonProbeBudget
+	}
 	if err != nil {
 		c.metrics.probeWait(res.label, "probe-failed", c.now().Sub(start))
 		return reasonProbeFailed

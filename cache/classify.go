@@ -50,6 +50,7 @@ const (
 	reasonProbeFailed     = "consistent-probe-failed"
 	reasonProbeBehind     = "consistent-probe-behind"
 	reasonProbeTooLarge   = "consistent-probe-too-large"
+	reasonProbeBudget     = "consistent-probe-budget"
 	reasonUnhealthy       = "watch-unhealthy"
 	reasonBarrier         = "write-barrier-timeout"
 	reasonRecentWrite     = "recent-write"

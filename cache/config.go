@@ -54,6 +54,51 @@ var ConsistentReadModes = []string{string(ConsistentProbe), string(ConsistentLoc
 // DefaultProbeMaxObjects is the default Config.ProbeMaxObjects.
 const DefaultProbeMaxObjects = 2000
 
+// ProbeBudget bounds the consistent-read probes the agent sends under its
+// own identity (probebudget.go). A probe counts the objects of the scope
+// it lists, and at least 100. Zero values mean the defaults; a negative
+// rate means no bound of that kind.
+type ProbeBudget struct {
+	// ObjectsPerSecond and Burst bound the probes of all resources and
+	// all sources together.
+	ObjectsPerSecond float64
+	Burst            int
+	// ObjectsPerSecondPerSource and BurstPerSource bound the probes that
+	// one source's reads start (a client IP: one pod, or every
+	// host-network pod of the node together).
+	ObjectsPerSecondPerSource float64
+	BurstPerSource            int
+}
+
+// Defaults of ProbeBudget: per node at most 500 objects and 5 probes a
+// second; per source a fifth of that. A source's burst holds one probe of
+// the largest scope probed (DefaultProbeMaxObjects), the node's two, or
+// 40 of small scopes (this node's pods) for the informers that a node's
+// pods start together. At 5,000 nodes, every node at its budget, the
+// agents' flow carries at most 25,000 probes and 2.5 million objects a
+// second.
+const (
+	DefaultProbeObjectsPerSecond          = 500
+	DefaultProbeBurst                     = 2 * DefaultProbeMaxObjects
+	DefaultProbeObjectsPerSecondPerSource = 100
+	DefaultProbeBurstPerSource            = DefaultProbeMaxObjects
+)
+
+func (b *ProbeBudget) complete() {
+	if b.ObjectsPerSecond == 0 {
+		b.ObjectsPerSecond = DefaultProbeObjectsPerSecond
+	}
+	if b.Burst <= 0 {
+		b.Burst = DefaultProbeBurst
+	}
+	if b.ObjectsPerSecondPerSource == 0 {
+		b.ObjectsPerSecondPerSource = DefaultProbeObjectsPerSecondPerSource
+	}
+	if b.BurstPerSource <= 0 {
+		b.BurstPerSource = DefaultProbeBurstPerSource
+	}
+}
+
 // ResourceSpec names one resource to cache.
 type ResourceSpec struct {
 	Group    string
@@ -179,6 +224,12 @@ type Config struct {
 	// scope) would cost kube-apiserver about as much as the read. Zero
 	// means DefaultProbeMaxObjects; negative means no bound.
 	ProbeMaxObjects int
+	// ProbeBudget: with ConsistentProbe, a consistent read that would
+	// start a probe its source's share or the node's budget cannot pay
+	// for is forwarded, so that its caller pays for it in its own
+	// priority-and-fairness flow. A probe costing more than a burst is
+	// never sent: keep the bursts at least ProbeMaxObjects.
+	ProbeBudget ProbeBudget
 	// MaxInFlightPerSource bounds the requests from one source (client
 	// IP) the cache is deciding on at once (reviews and resourceVersion
 	// waits); past it the source's requests are forwarded. Zero means

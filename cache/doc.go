@@ -6,7 +6,8 @@
 // watched resource and its informer), ondemand.go (when informers start
 // and stop: pinned, or on demand until idle), classify.go (which requests the cache may answer),
 // cache.go (the request path), encode.go (JSON and protobuf from cached
-// bytes), fields.go (kube-apiserver's field labels), write.go (the
-// read-your-writes barrier), asnode.go (which identity each watch runs
-// as), metrics.go.
+// bytes), fields.go (kube-apiserver's field labels), probe.go (the probes
+// consistent reads wait for), probebudget.go (what probes may cost the
+// agent's identity), write.go (the read-your-writes barrier), asnode.go
+// (which identity each watch runs as), metrics.go.
 package cache

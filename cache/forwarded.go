@@ -20,7 +20,10 @@ import (
 // very storm that serving watches from the cache avoids. So its
 // timeoutSeconds is capped at a short, jittered time (the client's own if
 // shorter): the client watches again from its last resourceVersion soon,
-// and is then served from the cache. Watches forwarded for reasons that
+// and is then served from the cache. The same holds for a watch from the
+// current state forwarded because the probe budget was spent
+// (probebudget.go): its client comes back from a resourceVersion, which
+// needs no probe. Watches forwarded for reasons that
 // last (a scope the cache does not hold, an uncached resource, a caller
 // the cache cannot review) are left as they are.
 
@@ -58,7 +61,8 @@ func (c *Cache) forward(w http.ResponseWriter, r *http.Request, info *request.Re
 // from the cache once its resource's cache is ready, and that is expected
 // soon: the informer was just woken (idle), is starting (not-synced), or
 // its own watch, which has opened before, broke and has not reopened yet
-// (watch-unhealthy).
+// (watch-unhealthy); or the watch, from the current state, found the
+// probe budget spent (consistent-probe-budget).
 func (c *Cache) servedSoon(info *request.RequestInfo, reason string) bool {
 	res := c.byGR[groupResource(info)]
 	if res == nil {
@@ -66,6 +70,11 @@ func (c *Cache) servedSoon(info *request.RequestInfo, reason string) bool {
 	}
 	switch reason {
 	case reasonIdle:
+		return true
+	case reasonProbeBudget:
+		// A watch from the current state whose probe its source's share
+		// or the node's budget could not pay for: it comes back from
+		// its last resourceVersion, which needs no probe.
 		return true
 	case reasonNotSynced, reasonUnhealthy:
 		inf := res.current.Load()

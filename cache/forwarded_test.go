@@ -69,6 +69,15 @@ func TestForwardedWatchTimeoutCapped(t *testing.T) {
 		state: brokenWatch,
 		path:  "/api/v1/pods?watch=true&fieldSelector=" + url.QueryEscape("spec.nodeName=node-b"),
 	}, {
+		// A watch from the current state whose probe its source's share
+		// cannot pay for: it comes back from a resourceVersion.
+		name: "consistent-probe-budget",
+		state: func(c *Cache) {
+			c.probes = newProbeBudget(ProbeBudget{ObjectsPerSecond: -1, ObjectsPerSecondPerSource: 1, BurstPerSource: 1})
+		},
+		path:   "/api/v1/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true" + node,
+		capped: true,
+	}, {
 		name: "not-cached",
 		path: "/api/v1/configmaps?watch=true",
 	}, {

@@ -109,7 +109,17 @@ func (r handlerResult) forwarded() bool { return r.code == 299 }
 
 func (tc *handlerCache) get(t *testing.T, path string, header ...string) handlerResult {
 	t.Helper()
+	return tc.getFrom(t, "", path, header...)
+}
+
+// getFrom is get from the client address remote (host:port); empty for
+// httptest's.
+func (tc *handlerCache) getFrom(t *testing.T, remote, path string, header ...string) handlerResult {
+	t.Helper()
 	req := httptest.NewRequest(http.MethodGet, path, nil)
+	if remote != "" {
+		req.RemoteAddr = remote
+	}
 	req.Header.Set("Authorization", "Bearer token")
 	for i := 0; i+1 < len(header); i += 2 {
 		req.Header.Set(header[i], header[i+1])

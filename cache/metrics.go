@@ -22,6 +22,8 @@ type metrics struct {
 	watchesCapped *prometheus.CounterVec
 	// Consistent-read probes (probe.go) and the reads that waited.
 	probes        *prometheus.CounterVec
+	probeObjects  *prometheus.CounterVec
+	probesRefused *prometheus.CounterVec
 	probeDuration *prometheus.HistogramVec
 	probeWaits    *prometheus.HistogramVec
 }
@@ -61,6 +63,14 @@ func newMetrics(c *Cache) *metrics {
 			Name: "kube_apicache_cache_consistent_probes_total",
 			Help: "Probes of kube-apiserver's current state for consistent reads (a metadata-only consistent list of the cached scope; at most one in flight per resource, shared by every read that waits for it), by resource and result (ok, error).",
 		}, []string{"resource", "result"}),
+		probeObjects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_cache_consistent_probe_objects_total",
+			Help: "Objects that consistent-read probes listed (what the probes cost kube-apiserver under the agent's identity), by resource.",
+		}, []string{"resource"}),
+		probesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kube_apicache_cache_consistent_probes_refused_total",
+			Help: "Consistent-read probes not sent because the budget that pays for them was spent: the share of the source whose read would have started the probe (budget=source) or the node's (budget=node); the read was forwarded (reason consistent-probe-budget), by resource and budget.",
+		}, []string{"resource", "budget"}),
 		probeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kube_apicache_cache_consistent_probe_duration_seconds",
 			Help:    "How long consistent-read probes took, by resource.",
@@ -75,17 +85,24 @@ func newMetrics(c *Cache) *metrics {
 }
 
 // probeDone returns the observer of one resource's probes.
-func (m *metrics) probeDone(resource string) func(time.Duration, error) {
+func (m *metrics) probeDone(resource string) func(time.Duration, probeResult) {
 	ok, failed := m.probes.WithLabelValues(resource, "ok"), m.probes.WithLabelValues(resource, "error")
+	objects := m.probeObjects.WithLabelValues(resource)
 	d := m.probeDuration.WithLabelValues(resource)
-	return func(took time.Duration, err error) {
-		if err != nil {
+	return func(took time.Duration, res probeResult) {
+		if res.err != nil {
 			failed.Inc()
 		} else {
 			ok.Inc()
+			objects.Add(float64(len(res.versions)))
 		}
 		d.Observe(took.Seconds())
 	}
+}
+
+// probeRefused counts a probe the budget refused.
+func (m *metrics) probeRefused(resource, budget string) {
+	m.probesRefused.WithLabelValues(resource, budget).Inc()
 }
 
 func (m *metrics) probeWait(resource, outcome string, took time.Duration) {
@@ -95,7 +112,8 @@ func (m *metrics) probeWait(resource, outcome string, took time.Duration) {
 func (m *metrics) register(reg prometheus.Registerer) error {
 	return errors.Join(reg.Register(m.requests), reg.Register(m.starts), reg.Register(m.stops), reg.Register(m.state),
 		reg.Register(m.watchers), reg.Register(m.watchEvents), reg.Register(m.watchEnds), reg.Register(m.watchesCapped),
-		reg.Register(m.probes), reg.Register(m.probeDuration), reg.Register(m.probeWaits))
+		reg.Register(m.probes), reg.Register(m.probeObjects), reg.Register(m.probesRefused), reg.Register(m.probeDuration),
+		reg.Register(m.probeWaits))
 }
 
 func (m *metrics) watchCapped(resource string) { m.watchesCapped.WithLabelValues(resource).Inc() }

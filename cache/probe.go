@@ -2,6 +2,7 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -35,7 +36,9 @@ import (
 // one in flight ends (that one may have been answered before the read's
 // write finished). A tenant can therefore make the agent send at most one
 // probe per resource at a time, never more probes than reads, and only
-// after its read was allowed.
+// after its read was allowed. The read that makes a new round pays for
+// it from its source's share and the node's budget, or is forwarded
+// (probebudget.go); the reads that join a round already due pay nothing.
 
 // probeTimeout bounds one probe request. Readers wait at most WaitTimeout
 // for a probe's result; a probe they gave up on still ends on its own.
@@ -49,6 +52,10 @@ type probeResult struct {
 	err      error
 }
 
+// errProbeBudget is await's error for a read whose new probe the budget
+// refused.
+var errProbeBudget = errors.New("consistent-read probe over budget")
+
 // probeRound is one probe and the reads waiting for it.
 type probeRound struct {
 	done chan struct{}
@@ -60,7 +67,7 @@ type prober struct {
 	// list makes one probe request.
 	list func(context.Context) probeResult
 	// observe records a finished probe (metrics); may be nil.
-	observe func(time.Duration, error)
+	observe func(time.Duration, probeResult)
 
 	mu       sync.Mutex
 	inflight bool
@@ -70,11 +77,18 @@ type prober struct {
 }
 
 // await returns the result of a probe that started after the call, waiting
-// for it until ctx ends.
-func (p *prober) await(ctx context.Context) (probeResult, error) {
+// for it until ctx ends. A read that makes a new round (none is due to
+// start) first calls admit, with p.mu held, which charges the round to a
+// budget; if it returns false, await returns errProbeBudget at once. A
+// nil admit admits every round.
+func (p *prober) await(ctx context.Context, admit func() bool) (probeResult, error) {
 	p.mu.Lock()
 	r := p.next
 	if r == nil {
+		if admit != nil && !admit() {
+			p.mu.Unlock()
+			return probeResult{}, errProbeBudget
+		}
 		r = &probeRound{done: make(chan struct{})}
 		p.next = r
 	}
@@ -101,7 +115,7 @@ func (p *prober) startLocked() {
 		r.probeResult = p.list(ctx)
 		cancel()
 		if p.observe != nil {
-			p.observe(time.Since(start), r.err)
+			p.observe(time.Since(start), r.probeResult)
 		}
 		close(r.done)
 		p.mu.Lock()
@@ -116,7 +130,8 @@ func (p *prober) startLocked() {
 // metadataProbe returns the probe request of an informer: a consistent
 // list of its scope as PartialObjectMetadata. The client has no rate
 // limiter of its own: probes are bounded by being one at a time per
-// resource, and a throttled probe would only turn into forwarded reads.
+// resource and by the probe budget, which forwards reads rather than
+// making them wait (probebudget.go).
 func (r *informer) metadataProbe(cfg *rest.Config) (func(context.Context) probeResult, error) {
 	c := rest.CopyConfig(cfg)
 	c.RateLimiter = flowcontrol.NewFakeAlwaysRateLimiter()

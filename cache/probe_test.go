@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -31,7 +32,7 @@ func TestProberCoalesces(t *testing.T) {
 	ctx := context.Background()
 	first := make(chan uint64, 1)
 	go func() {
-		r, _ := p.await(ctx)
+		r, _ := p.await(ctx, nil)
 		first <- r.rv
 	}()
 	waitFor(t, func() bool { return calls.Load() == 1 })
@@ -42,7 +43,7 @@ func TestProberCoalesces(t *testing.T) {
 	results := make(chan uint64, later)
 	for range later {
 		wg.Go(func() {
-			r, err := p.await(ctx)
+			r, err := p.await(ctx, nil)
 			if err != nil {
 				t.Error(err)
 			}
@@ -88,11 +89,11 @@ func TestProberReaderGivesUp(t *testing.T) {
 	}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
 	defer cancel()
-	if _, err := p.await(ctx); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := p.await(ctx, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("await: %v, want the context's deadline", err)
 	}
 	close(release)
-	if r, err := p.await(context.Background()); err != nil || r.rv != 7 || calls.Load() != 2 {
+	if r, err := p.await(context.Background(), nil); err != nil || r.rv != 7 || calls.Load() != 2 {
 		t.Errorf("next read: %+v %v after %d probes, want rv 7 from a second probe", r, err, calls.Load())
 	}
 }
@@ -211,5 +212,135 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 5s")
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestProberAdmit: only a read that makes a new round asks the budget; a
+// refused one starts nothing. Reads that join a round already due never
+// ask: the probe is paid for.
+func TestProberAdmit(t *testing.T) {
+	var calls atomic.Int32
+	release := make(chan struct{})
+	p := &prober{list: func(context.Context) probeResult {
+		calls.Add(1)
+		<-release
+		return probeResult{rv: 1}
+	}}
+	ctx := context.Background()
+	refuse := func() bool { return false }
+	if _, err := p.await(ctx, refuse); !errors.Is(err, errProbeBudget) || calls.Load() != 0 {
+		t.Fatalf("refused round: %v after %d probes, want errProbeBudget and none", err, calls.Load())
+	}
+	done := make(chan error, 3)
+	go func() {
+		_, err := p.await(ctx, nil)
+		done <- err
+	}()
+	waitFor(t, func() bool { return calls.Load() == 1 })
+	// A probe is in flight: the next read makes the round after it and
+	// pays; a read that arrives after that joins it, whatever its budget.
+	var asked atomic.Int32
+	go func() {
+		_, err := p.await(ctx, func() bool { asked.Add(1); return true })
+		done <- err
+	}()
+	waitFor(t, func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.next != nil
+	})
+	go func() {
+		_, err := p.await(ctx, func() bool { asked.Add(10); return false })
+		done <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	close(release)
+	for range 3 {
+		if err := <-done; err != nil {
+			t.Errorf("await: %v", err)
+		}
+	}
+	if n, a := calls.Load(), asked.Load(); n != 2 || a != 1 {
+		t.Errorf("%d probes, budget asked %d (weighted), want 2 probes and one ask by the read that made the second round", n, a)
+	}
+}
+
+// TestProbeBudgetOneTenant: a tenant reading one Service in a loop, each
+// read consistent, cannot make the agent list every Service once per read.
+// With 1,000 Services cached and the clock stopped, its 1,000 reads list
+// at most its share's burst of objects (two probes); the others are
+// forwarded, for it to pay in its own flow. Another pod's read is still
+// answered from the cache, from its own share, until the node's budget is
+// spent too; both refill with time.
+func TestProbeBudgetOneTenant(t *testing.T) {
+	tc := newHandlerCache(t)
+	now := time.Now()
+	tc.now = func() time.Time { return now }
+	const scope = 1000
+	items := make([]any, 0, scope)
+	for i := range scope {
+		items = append(items, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: fmt.Sprintf("s%d", i+1), ResourceVersion: "6"}})
+	}
+	if err := tc.services.store.Replace(items, "10"); err != nil {
+		t.Fatal(err)
+	}
+	var probes, listed atomic.Int64
+	tc.services.prober = &prober{list: func(context.Context) probeResult {
+		// kube-apiserver lists the whole scope, as the Store holds it.
+		probes.Add(1)
+		objs, rv := tc.services.store.Snapshot(Predicate{})
+		versions := make(map[string]uint64, len(objs))
+		for _, o := range objs {
+			versions[o.Key()] = o.rv
+		}
+		listed.Add(int64(len(versions)))
+		return probeResult{rv: rv, versions: versions}
+	}, observe: tc.metrics.probeDone("services")}
+	reasons := func(reason string) float64 {
+		return testutil.ToFloat64(tc.metrics.requests.WithLabelValues("get", "services", "forwarded", reason))
+	}
+	const path, tenant, reads = "/api/v1/namespaces/ns/services/s1", "10.0.0.1:40000", 1000
+	hits := 0
+	for range reads {
+		switch got := tc.getFrom(t, tenant, path); {
+		case got.code == 200:
+			hits++
+		case !got.forwarded():
+			t.Fatalf("read: %d %s", got.code, got.body)
+		}
+	}
+	t.Logf("%d consistent gets of one Service from one source, %d Services cached: %d probes listed %d objects upstream (%.1f a read; %d without a budget), %d answered from the cache, %d forwarded",
+		reads, scope, probes.Load(), listed.Load(), float64(listed.Load())/reads, reads*scope, hits, reads-hits)
+	if n := listed.Load(); n > DefaultProbeBurstPerSource {
+		t.Errorf("one source's %d reads made the agent list %d objects, want at most its burst of %d", reads, n, DefaultProbeBurstPerSource)
+	}
+	if n := testutil.ToFloat64(tc.metrics.probeObjects.WithLabelValues("services")); n != float64(listed.Load()) {
+		t.Errorf("probe objects metric %v, want %d", n, listed.Load())
+	}
+	refused := func(budget string) float64 {
+		return testutil.ToFloat64(tc.metrics.probesRefused.WithLabelValues("services", budget))
+	}
+	if n, r := reasons(reasonProbeBudget), refused(probeBudgetSource); hits != 2 || n != reads-2 || r != reads-2 {
+		t.Errorf("%d answered from the cache, %v forwarded as %s, %v probes refused by the source's share; want 2, %d, %d",
+			hits, n, reasonProbeBudget, r, reads-2, reads-2)
+	}
+
+	// Another pod has a share of its own. The node's budget holds four
+	// such probes: the fourth source's read is forwarded.
+	for i, want := range []int{200, 200, 299} {
+		if got := tc.getFrom(t, fmt.Sprintf("10.0.1.%d:40000", i), path); got.code != want {
+			t.Errorf("source %d: %d, want %d", i, got.code, want)
+		}
+	}
+	if n := refused(probeBudgetNode); n != 1 {
+		t.Errorf("%v probes refused by the node's budget, want 1", n)
+	}
+	// Ten seconds later the tenant's share holds one more such probe.
+	now = now.Add(10 * time.Second)
+	if got := tc.getFrom(t, tenant, path); got.code != 200 {
+		t.Errorf("after the share refilled: %d, want 200", got.code)
+	}
+	if got := tc.getFrom(t, tenant, path); !got.forwarded() {
+		t.Errorf("right after: %d, want forwarded", got.code)
 	}
 }

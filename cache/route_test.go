@@ -2,12 +2,15 @@ package cache
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 
@@ -93,12 +96,17 @@ func TestObserveWriteBarrier(t *testing.T) {
 		return `{"kind":"Pod","apiVersion":"v1","metadata":{"name":"p","namespace":"ns","resourceVersion":"` + rv +
 			`"},"spec":{"nodeName":"` + node + `"}}`
 	}
+	podList := `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"40"},"items":[` + podOn("node-a", "30") + `]}`
+	emptyPods := `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"40"},"items":[]}`
+	emptyTable := `{"kind":"Table","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"40"},"columnDefinitions":[{"name":"Name","type":"string"}],"rows":[]}`
+	pod := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", ResourceVersion: "30"}}
 	cases := []struct {
 		name        string
 		method      string
 		path        string
 		code        int
 		body        string
+		contentType string
 		wantRV      uint64
 		wantUnknown bool
 	}{
@@ -107,7 +115,33 @@ func TestObserveWriteBarrier(t *testing.T) {
 		{name: "a pod on another node cannot change a cached answer", method: "POST", path: "/api/v1/namespaces/ns/pods", code: 201,
 			body: podOn("node-b", "51")},
 		{name: "deletecollection answers with the list before the deletions", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
-			body: `{"kind":"PodList","apiVersion":"v1","metadata":{"resourceVersion":"40"},"items":[]}`, wantUnknown: true},
+			body: podList, wantUnknown: true},
+		{name: "deletecollection in protobuf", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: protobufListBody(t, "v1", "PodList", &corev1.PodList{Items: []corev1.Pod{pod}}), contentType: runtime.ContentTypeProtobuf, wantUnknown: true},
+		{name: "deletecollection as a Table", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: strings.Replace(emptyTable, `"rows":[]`, `"rows":[{"cells":["p"]}]`, 1), contentType: "application/json;as=Table;v=v1;g=meta.k8s.io", wantUnknown: true},
+		// An empty answer deleted nothing: however the caller asked for it.
+		{name: "deletecollection that deleted nothing", method: "DELETE", path: "/api/v1/namespaces/ns/pods?labelSelector=none", code: 200,
+			body: emptyPods},
+		{name: "deletecollection that deleted nothing, in YAML", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: "apiVersion: v1\nkind: PodList\nmetadata:\n  resourceVersion: \"40\"\nitems: []\n", contentType: "application/yaml"},
+		{name: "deletecollection that deleted nothing, in protobuf", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: protobufListBody(t, "v1", "PodList", &corev1.PodList{}), contentType: runtime.ContentTypeProtobuf},
+		{name: "deletecollection that deleted nothing, as metadata in protobuf", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body:        protobufListBody(t, "meta.k8s.io/v1", "PartialObjectMetadataList", &metav1.PartialObjectMetadataList{}),
+			contentType: runtime.ContentTypeProtobuf + ";as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"},
+		{name: "deletecollection that deleted nothing, as a Table", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: emptyTable, contentType: "application/json;as=Table;v=v1;g=meta.k8s.io"},
+		// Anything but an empty collection of the resource deleted
+		// something, as far as the agent knows.
+		{name: "deletecollection answered with an empty list of another kind", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: strings.Replace(emptyPods, "PodList", "ServiceList", 1), wantUnknown: true},
+		{name: "deletecollection answered with a Status", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: `{"kind":"Status","apiVersion":"v1","status":"Success"}`, wantUnknown: true},
+		{name: "deletecollection in CBOR", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: "\xd9\xd9\xf7\xa0", contentType: "application/cbor", wantUnknown: true},
+		{name: "deletecollection with an unreadable answer", method: "DELETE", path: "/api/v1/namespaces/ns/pods", code: 200,
+			body: emptyPods[:20], wantUnknown: true},
 		{name: "a 5xx may follow a committed write", method: "POST", path: "/api/v1/namespaces/ns/pods", code: 504,
 			body: `{"kind":"Status","apiVersion":"v1","status":"Failure","code":504}`, wantUnknown: true},
 		{name: "a refused write changes nothing", method: "POST", path: "/api/v1/namespaces/ns/pods", code: 409,
@@ -138,12 +172,63 @@ func TestObserveWriteBarrier(t *testing.T) {
 			tc := newHandlerCache(t)
 			resp := forwardedWrite(t, tt.path, tt.method, tt.body)
 			resp.StatusCode = tt.code
+			if tt.contentType != "" {
+				resp.Header.Set("Content-Type", tt.contentType)
+			}
 			tc.ObserveWrite(resp)
 			rv, unknown, _ := tc.pods.barrierState(time.Now(), time.Second)
 			if rv != tt.wantRV || unknown != tt.wantUnknown {
 				t.Errorf("barrier (rv %d, unknown write %v), want (%d, %v)", rv, unknown, tt.wantRV, tt.wantUnknown)
 			}
 		})
+	}
+}
+
+// protobufListBody returns list in kube-apiserver's protobuf envelope, as
+// apiVersion and kind.
+func protobufListBody(t *testing.T, apiVersion, kind string, list interface{ Marshal() ([]byte, error) }) string {
+	t.Helper()
+	raw, err := list.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := (&runtime.Unknown{TypeMeta: runtime.TypeMeta{APIVersion: apiVersion, Kind: kind}, Raw: raw}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(protobufMagic) + string(env)
+}
+
+// TestEmptyDeleteCollection: with --cache-consistent-reads=local-writes, a
+// deletecollection that deleted nothing (a caller deleting what is not
+// there, in a loop) leaves consistent reads of the resource to the cache,
+// whatever form the caller asked its answer in; one that deleted
+// something sends them upstream for the wait timeout.
+func TestEmptyDeleteCollection(t *testing.T) {
+	tc := newHandlerCache(t)
+	tc.cfg.ConsistentReads = ConsistentLocalWrites
+	forwarded := func() float64 {
+		return testutil.ToFloat64(tc.metrics.requests.WithLabelValues("get", "services", "forwarded", reasonRecentWrite))
+	}
+	for _, answer := range []struct{ contentType, body string }{
+		{"application/json", `{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"40"},"items":[]}`},
+		{"application/yaml", "apiVersion: v1\nitems: []\nkind: ServiceList\nmetadata:\n  resourceVersion: \"40\"\n"},
+		{"application/json;as=Table;v=v1;g=meta.k8s.io", `{"kind":"Table","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":"40"},"columnDefinitions":[],"rows":[]}`},
+	} {
+		resp := forwardedWrite(t, "/api/v1/namespaces/ns/services?labelSelector=app%3Dnone", "DELETE", answer.body)
+		resp.Header.Set("Content-Type", answer.contentType)
+		tc.ObserveWrite(resp)
+		if got := tc.get(t, "/api/v1/namespaces/ns/services/s1"); got.code != 200 {
+			t.Errorf("consistent read after a deletecollection that deleted nothing (%s): %d, want 200 from the cache", answer.contentType, got.code)
+		}
+	}
+	if n := forwarded(); n != 0 {
+		t.Errorf("%v consistent reads forwarded as %s, want none", n, reasonRecentWrite)
+	}
+	tc.ObserveWrite(forwardedWrite(t, "/api/v1/namespaces/ns/services", "DELETE",
+		`{"kind":"ServiceList","apiVersion":"v1","metadata":{"resourceVersion":"40"},"items":[{"metadata":{"name":"s9","namespace":"ns","resourceVersion":"30"}}]}`))
+	if got := tc.get(t, "/api/v1/namespaces/ns/services/s1"); !got.forwarded() || forwarded() != 1 {
+		t.Errorf("consistent read after a deletecollection that deleted something: %d, want forwarded as %s", got.code, reasonRecentWrite)
 	}
 }
 

@@ -32,10 +32,7 @@ func (l *sourceLimiter) acquire(r *http.Request) (release func(), ok bool) {
 	if l.max <= 0 {
 		return func() {}, true
 	}
-	src, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		src = r.RemoteAddr
-	}
+	src := sourceOf(r)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.inFlight[src] >= l.max {
@@ -52,4 +49,14 @@ func (l *sourceLimiter) acquire(r *http.Request) (release func(), ok bool) {
 			}
 		})
 	}, true
+}
+
+// sourceOf returns r's source: the IP of its client's address, or the
+// address itself if it has no port.
+func sourceOf(r *http.Request) string {
+	src, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return src
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
 )
 
 func groupResource(info *request.RequestInfo) schema.GroupResource {
@@ -34,6 +35,11 @@ const maxObservedBytes = 32 << 20
 // Objects are rarely larger; a larger one counts as a write of unknown RV.
 const unknownLengthBody = 1 << 20
 
+// maxEmptyCollectionBody bounds how much of a deletecollection's answer is
+// read to find whether it is empty: an empty list is a few hundred bytes,
+// an empty Table a few kilobytes. A larger answer deleted something.
+const maxEmptyCollectionBody = 64 << 10
+
 var writeVerbs = map[string]bool{"create": true, "update": true, "patch": true, "delete": true, "deletecollection": true}
 
 // ObserveWrite is the read-your-writes barrier's input: the forwarder calls
@@ -49,6 +55,17 @@ var writeVerbs = map[string]bool{"create": true, "update": true, "patch": true, 
 // against the request). Every other subresource is ignored: a proxy
 // subresource's answer comes from a tenant's own backend and could name
 // any resourceVersion.
+//
+// A deletecollection answers with the objects it deleted, as listed before
+// the deletions, at an RV older than any of them: its RV is unknown, unless
+// the answer is empty, when it deleted nothing and changes nothing. So a
+// caller who may delete a collection cannot send every consistent read of
+// the resource upstream for the wait timeout by deleting what is not there.
+// Other writes of unknown RV still do (a 5xx, a Status, a compressed or
+// oversized answer, a deletecollection that deleted something): a caller
+// who may write a cached resource can keep the node's consistent reads of
+// it forwarded under ConsistentLocalWrites, never answered stale. The
+// default, ConsistentProbe, does not wait for this barrier.
 //
 // It may read resp.Body, which it then replaces with an equivalent reader.
 func (c *Cache) ObserveWrite(resp *http.Response) {
@@ -68,13 +85,22 @@ func (c *Cache) ObserveWrite(resp *http.Response) {
 	}
 	now := c.now()
 	until := now.Add(c.cfg.WaitTimeout)
-	if resp.StatusCode >= 500 || info.Verb == "deletecollection" {
-		// deletecollection answers with the list as it was before the
-		// deletions, at an RV older than any of them.
+	if resp.StatusCode >= 500 {
 		r.noteWrite(0, false, now, until)
 		return
 	}
-	buf, ok := c.readWriteBody(resp)
+	if info.Verb == "deletecollection" {
+		if buf, ok := c.readWriteBody(resp, maxEmptyCollectionBody); ok {
+			empty := deletedNothing(buf, resp.Header.Get("Content-Type"), info, r)
+			c.observing.Add(-int64(cap(buf)))
+			if empty {
+				return
+			}
+		}
+		r.noteWrite(0, false, now, until)
+		return
+	}
+	buf, ok := c.readWriteBody(resp, maxWriteBody)
 	if !ok {
 		r.noteWrite(0, false, now, until)
 		return
@@ -115,18 +141,18 @@ func storageSubresource(sub string) bool {
 	return sub == "" || sub == "status" || sub == "scale"
 }
 
-// readWriteBody reads a write's (bounded) response body within the
-// agent-wide budget and puts the bytes back in front of the body. It
-// returns false, having read nothing it keeps, when the body is absent,
-// compressed, too large or the budget is spent. On success the caller
-// must return cap(buf) to c.observing.
-func (c *Cache) readWriteBody(resp *http.Response) ([]byte, bool) {
+// readWriteBody reads a write's response body, of at most limit bytes,
+// within the agent-wide budget and puts the bytes back in front of the
+// body. It returns false, having read nothing it keeps, when the body is
+// absent, compressed, too large or the budget is spent. On success the
+// caller must return cap(buf) to c.observing.
+func (c *Cache) readWriteBody(resp *http.Response, limit int64) ([]byte, bool) {
 	if resp.Body == nil || resp.Body == http.NoBody || resp.Header.Get("Content-Encoding") != "" {
 		return nil, false
 	}
-	reserve := int64(unknownLengthBody)
+	reserve := min(int64(unknownLengthBody), limit)
 	switch {
-	case resp.ContentLength > maxWriteBody:
+	case resp.ContentLength > limit:
 		return nil, false
 	case resp.ContentLength >= 0:
 		reserve = resp.ContentLength
@@ -234,6 +260,101 @@ func writtenObject(buf []byte, contentType string) (objectIdentity, bool) {
 	}
 	return objectIdentity{apiVersion: doc.APIVersion, kind: doc.Kind, namespace: doc.Metadata.Namespace,
 		name: doc.Metadata.Name, rv: doc.Metadata.ResourceVersion}, true
+}
+
+// deletedNothing reports whether buf, a deletecollection's answer, is an
+// empty collection of the request's resource: a list of its kind or of its
+// metadata (PartialObjectMetadataList) without items, or a Table without
+// rows, in JSON, YAML or protobuf, whichever the caller asked for.
+// kube-apiserver's answer holds every object it deleted (from all the
+// pages it listed, or from the one page a limit asked for). Anything else,
+// such as a Status or a CBOR body, counts as a collection that was not
+// empty.
+func deletedNothing(buf []byte, contentType string, info *request.RequestInfo, r *resource) bool {
+	var id objectIdentity
+	var n int
+	switch {
+	case strings.HasPrefix(contentType, runtime.ContentTypeProtobuf):
+		var ok bool
+		if id, n, ok = protobufCollection(buf); !ok {
+			return false
+		}
+	default:
+		if strings.HasPrefix(contentType, runtime.ContentTypeYAML) {
+			j, err := yaml.YAMLToJSON(buf)
+			if err != nil {
+				return false
+			}
+			buf = j
+		}
+		var doc struct {
+			APIVersion string            `json:"apiVersion"`
+			Kind       string            `json:"kind"`
+			Items      []json.RawMessage `json:"items"`
+			Rows       []json.RawMessage `json:"rows"`
+		}
+		if json.Unmarshal(buf, &doc) != nil {
+			return false
+		}
+		id = objectIdentity{apiVersion: doc.APIVersion, kind: doc.Kind}
+		n = len(doc.Items)
+		if doc.Kind == "Table" {
+			n = len(doc.Rows)
+		}
+	}
+	return n == 0 && id.listOf(info, r)
+}
+
+// listOf reports whether id is the kind of a collection answer of info's
+// resource: its list kind in the request's group and version (checked
+// while an informer has resolved the kind), or a meta.k8s.io Table or
+// PartialObjectMetadataList.
+func (id objectIdentity) listOf(info *request.RequestInfo, r *resource) bool {
+	switch id.apiVersion {
+	case "meta.k8s.io/v1", "meta.k8s.io/v1beta1":
+		return id.kind == "Table" || id.kind == "PartialObjectMetadataList"
+	case schema.GroupVersion{Group: info.APIGroup, Version: info.APIVersion}.String():
+	default:
+		return false
+	}
+	if resolved := r.current.Load(); resolved != nil && resolved.ready.Load() {
+		return id.kind == resolved.gvk.Kind+"List"
+	}
+	return strings.HasSuffix(id.kind, "List")
+}
+
+// protobufCollection reads the type and item count of a list in
+// kube-apiserver's protobuf envelope: TypeMeta in field 1, the list in
+// field 2, whose items are its field 2 (ListMeta is field 1).
+func protobufCollection(b []byte) (objectIdentity, int, bool) {
+	if !bytes.HasPrefix(b, protobufMagic) {
+		return objectIdentity{}, 0, false
+	}
+	var id objectIdentity
+	var typeMeta, raw []byte
+	eachField(b[len(protobufMagic):], func(num protowire.Number, v []byte) {
+		switch num {
+		case 1:
+			typeMeta = v
+		case 2:
+			raw = v
+		}
+	})
+	eachField(typeMeta, func(num protowire.Number, v []byte) {
+		switch num {
+		case 1:
+			id.apiVersion = string(v)
+		case 2:
+			id.kind = string(v)
+		}
+	})
+	items := 0
+	eachField(raw, func(num protowire.Number, _ []byte) {
+		if num == 2 {
+			items++
+		}
+	})
+	return id, items, id.kind != ""
 }
 
 type readCloser struct {

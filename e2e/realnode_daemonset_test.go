@@ -103,6 +103,7 @@ func TestRealNodeDaemonSet(t *testing.T) {
 	}{
 		{"install", s.install},
 		{"reads", s.reads},
+		{"tenant-attacks", s.tenantAttacks},
 		{"kube-proxy-restarts", s.kubeProxyRestarts},
 		{"rollout", s.rollout},
 		{"hang", s.hang},

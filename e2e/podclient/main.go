@@ -12,6 +12,8 @@
 //	podclient informers run node-local informers (pods on this node, typed
 //	                    and metadata-only, services, a custom resource);
 //	                    print SYNCED, then their objects on each "dump"
+//	podclient resetserver, attack, latency: the tenant attacks of the real
+//	                    node (attack.go)
 package main
 
 import (
@@ -47,6 +49,11 @@ func main() {
 	cr := fs.String("cr", "", "informers: also inform on this custom resource, as GROUP/VERSION/RESOURCE")
 	protobuf := fs.Bool("protobuf", false, "informers: use protobuf for built-in types")
 	endpointSlices := fs.Bool("endpointslices", false, "informers: also inform on the cluster's EndpointSlices")
+	port := fs.Int("port", 8080, "resetserver: port to serve on")
+	mode := fs.String("mode", "", "attack: proxyreset, idleconns or unread")
+	count := fs.Int("count", 200, "attack: connections or requests; latency: reads")
+	concurrency := fs.Int("concurrency", 20, "attack: workers, or connections opened at once")
+	path := fs.String("path", "", "attack (proxyreset, unread) and latency: the request path")
 	_ = fs.Parse(os.Args[2:])
 
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -80,6 +87,12 @@ func main() {
 		err = countingInformer(ctx, client, string(ns), *resource)
 	case "informers":
 		err = nodeInformers(ctx, cfg, *cr, *protobuf, *endpointSlices)
+	case "resetserver":
+		err = resetServer(ctx, *port)
+	case "attack":
+		err = attack(ctx, cfg, attackOptions{mode: *mode, duration: *timeout, count: *count, concurrency: *concurrency, path: *path})
+	case "latency":
+		err = latency(ctx, cfg, *path, *count)
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
