@@ -103,7 +103,8 @@ type Limits struct {
 	// cache's consistent-read probes list in total, under the agent's own
 	// identity; ProbeObjectsPerSecondPerSource and
 	// ProbeObjectsBurstPerSource those of the probes one source's reads
-	// start. A probe counts the objects of its scope, at least 100. A
+	// start. A probe counts the objects of its scope beyond those the
+	// read that starts it returns, at least 100. A
 	// read whose probe either cannot pay for is forwarded. Zero means the
 	// default; a negative rate means no bound.
 	ProbeObjectsPerSecond          float64
@@ -190,7 +191,7 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.ReviewBurst, "review-burst", l.ReviewBurst, "Burst of --review-qps.")
 	fs.Float64Var(&l.ReviewQPSPerSource, "review-qps-per-source", l.ReviewQPSPerSource, "Reviews per second the agent sends for one client IP; past it that client's reads are forwarded instead of reviewed, so one pod cannot use up the others' reviews.")
 	fs.IntVar(&l.ReviewBurstPerSource, "review-burst-per-source", l.ReviewBurstPerSource, "Burst of --review-qps-per-source.")
-	fs.Float64Var(&l.ProbeObjectsPerSecond, "probe-objects-per-second", l.ProbeObjectsPerSecond, "Objects per second the consistent-read probes may list in total, as the agent (a probe counts the objects of the cached scope it lists, at least 100); a consistent read whose probe is past it is forwarded, for its caller to pay. Negative means no limit.")
+	fs.Float64Var(&l.ProbeObjectsPerSecond, "probe-objects-per-second", l.ProbeObjectsPerSecond, "Objects per second the consistent-read probes may list in total, as the agent (a probe counts the objects of the cached scope it lists beyond those the read returns, at least 100); a consistent read whose probe is past it is forwarded, for its caller to pay. Negative means no limit.")
 	fs.IntVar(&l.ProbeObjectsBurst, "probe-objects-burst", l.ProbeObjectsBurst, "Burst of --probe-objects-per-second. A probe larger than it is never sent: keep it at least --cache-probe-max-objects.")
 	fs.Float64Var(&l.ProbeObjectsPerSecondPerSource, "probe-objects-per-second-per-source", l.ProbeObjectsPerSecondPerSource, "Objects per second the probes that one client IP's consistent reads start may list; past it that client's consistent reads are forwarded unless they can join a probe already due, so one pod cannot spend the others' probes. Negative means no limit.")
 	fs.IntVar(&l.ProbeObjectsBurstPerSource, "probe-objects-burst-per-source", l.ProbeObjectsBurstPerSource, "Burst of --probe-objects-per-second-per-source. A probe larger than it is never sent: keep it at least --cache-probe-max-objects.")

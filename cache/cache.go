@@ -327,7 +327,7 @@ func (c *Cache) await(ctx context.Context, p *plan, src string) string {
 		if !p.res.healthy() {
 			return reasonUnhealthy
 		}
-		return c.awaitProbe(ctx, p.res, src)
+		return c.awaitProbe(ctx, p, src)
 	case p.mode == rvConsistent:
 		if !p.res.healthy() {
 			return reasonUnhealthy
@@ -364,7 +364,8 @@ func (c *Cache) await(ctx context.Context, p *plan, src string) string {
 // read from src arrived, then for the Store to hold at least the probed
 // state (probe.go), and returns a reason to forward if it does not. A
 // read that would start a probe pays for it first (probebudget.go).
-func (c *Cache) awaitProbe(ctx context.Context, res *informer, src string) string {
+func (c *Cache) awaitProbe(ctx context.Context, p *plan, src string) string {
+	res := p.res
 	if res.prober == nil {
 		return reasonConsistent
 	}
@@ -377,7 +378,7 @@ func (c *Cache) awaitProbe(ctx context.Context, res *informer, src string) strin
 	start := c.now()
 	refused := ""
 	result, err := res.prober.await(ctx, func() bool {
-		refused = c.probes.take(start, src, max(n, probeMinCost))
+		refused = c.probes.take(start, src, probeCost(n, p))
 		return refused == ""
 	})
 	if errors.Is(err, errProbeBudget) {
@@ -515,4 +516,21 @@ func (c *Cache) encodingFailed(w http.ResponseWriter, r *http.Request, res *info
 // client negotiated.
 func writeStatus(w http.ResponseWriter, r *http.Request, err error) {
 	responsewriters.ErrorNegotiated(err, scheme.Codecs.WithoutConversion(), schema.GroupVersion{Version: "v1"}, w, r)
+}
+
+// probeCost is what a probe of a scope of n objects is charged to the
+// read p that starts it (probebudget.go): the objects it lists beyond
+// those the read itself returns, at least probeMinCost. A read of the
+// whole scope costs kube-apiserver, forwarded, at least what its probe
+// does, so it pays only the least; a read of one object pays for the
+// whole scope it makes the agent list.
+func probeCost(n int, p *plan) int {
+	read := 1
+	if p.verb != "get" {
+		read = p.res.store.Count(p.pred)
+		if p.limit > 0 && int64(read) > p.limit {
+			read = int(p.limit)
+		}
+	}
+	return max(n-read, probeMinCost)
 }

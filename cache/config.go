@@ -56,7 +56,8 @@ const DefaultProbeMaxObjects = 2000
 
 // ProbeBudget bounds the consistent-read probes the agent sends under its
 // own identity (probebudget.go). A probe counts the objects of the scope
-// it lists, and at least 100. Zero values mean the defaults; a negative
+// it lists beyond those the read that starts it returns, and at least
+// 100. Zero values mean the defaults; a negative
 // rate means no bound of that kind.
 type ProbeBudget struct {
 	// ObjectsPerSecond and Burst bound the probes of all resources and

@@ -17,7 +17,9 @@ import (
 // is sent.
 //
 // A probe costs the objects of the scope it lists (the Store's count, the
-// best estimate before the answer) and at least probeMinCost. Each source
+// best estimate before the answer) beyond those the read that starts it
+// returns (probeCost), and at least probeMinCost: what the agent lists
+// for the read beyond what kube-apiserver would have sent the caller. Each source
 // has a token bucket of objects, and the node one more that all sources
 // share: a read that would start a probe takes its cost from both, and a
 // read that finds either short is forwarded at once. Its caller then pays

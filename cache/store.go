@@ -411,6 +411,19 @@ func (s *Store) Snapshot(p Predicate) ([]*Object, uint64) {
 	return out, rv
 }
 
+// Count returns the number of objects p selects.
+func (s *Store) Count(p Predicate) int {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	n := 0
+	for _, o := range s.objects {
+		if p.matches(s.attrs, o) {
+			n++
+		}
+	}
+	return n
+}
+
 // sortedSnapshot returns every object in key order and the RV, sorting at
 // most once per change.
 func (s *Store) sortedSnapshot() ([]*Object, uint64) {
