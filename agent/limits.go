@@ -7,8 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,7 +17,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/server/filters"
+	"k8s.io/klog/v2"
 
+	"github.com/kube-apicache/kube-apicache/agent/fairshare"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/cache/access"
 )
@@ -58,13 +60,17 @@ type Limits struct {
 	MaxRequestsInFlight         int
 	MaxMutatingRequestsInFlight int
 
-	// MaxLongRunningRequests bounds the long-running requests (watches,
-	// exec, attach, port-forward, proxy, logs) open through the agent at
-	// once, and MaxLongRunningRequestsPerSource those of one source (a
-	// client IP). Above either the request gets 429 with Retry-After. Zero
-	// means the default; negative means no bound.
-	MaxLongRunningRequests          int
-	MaxLongRunningRequestsPerSource int
+	// Long-running requests (watches, exec, attach, port-forward, proxy,
+	// logs) are shared among sources (client IPs) as package fairshare
+	// says: every source may always have
+	// GuaranteedLongRunningRequestsPerSource open; above that it draws on
+	// a pool of MaxLongRunningRequests shared by all sources, up to
+	// MaxLongRunningRequestsPerSource in all. A request past either bound
+	// gets 429 with Retry-After. Zero means the default; negative means no
+	// bound (no guaranteed share).
+	MaxLongRunningRequests                 int
+	MaxLongRunningRequestsPerSource        int
+	GuaranteedLongRunningRequestsPerSource int
 	// MaxCacheRequestsPerSource bounds the requests of one source the
 	// cache reviews or waits for a resourceVersion for at once; past it
 	// the source's reads are forwarded. Zero means the default; negative
@@ -105,8 +111,12 @@ const (
 // Defaults of the bounds kube-apiserver has no counterpart of: they are
 // what one node's pods need, with room to spare.
 const (
-	// A node of 110 pods holding a dozen watches each.
-	DefaultMaxLongRunningRequests = 2000
+	// Every pod of a node (the kubelet's 110 by default) may hold a few
+	// watches whatever the others do; the pool beyond that serves four
+	// sources at their bound at once. A full node holds at most 1000 +
+	// 110 x 8 = 1880, below the 2000 of one pool before.
+	DefaultMaxLongRunningRequests                 = 1000
+	DefaultGuaranteedLongRunningRequestsPerSource = 8
 	// A controller with a watch per resource type of a large cluster.
 	DefaultMaxLongRunningRequestsPerSource = 250
 	// kube-apiserver's --request-timeout.
@@ -125,15 +135,16 @@ func DefaultLimits() Limits {
 		MaxRequestsInFlight:         DefaultMaxRequestsInFlight,
 		MaxMutatingRequestsInFlight: DefaultMaxMutatingRequestsInFlight,
 
-		MaxLongRunningRequests:          DefaultMaxLongRunningRequests,
-		MaxLongRunningRequestsPerSource: DefaultMaxLongRunningRequestsPerSource,
-		MaxCacheRequestsPerSource:       apicache.DefaultMaxInFlightPerSource,
-		RequestBodyTimeout:              DefaultRequestBodyTimeout,
-		MaxBufferedBodyBytes:            DefaultMaxBufferedBodyBytes,
-		ReviewQPS:                       access.DefaultReviewQPS,
-		ReviewBurst:                     access.DefaultReviewBurst,
-		ReviewQPSPerSource:              access.DefaultSourceReviewQPS,
-		ReviewBurstPerSource:            access.DefaultSourceReviewBurst,
+		MaxLongRunningRequests:                 DefaultMaxLongRunningRequests,
+		MaxLongRunningRequestsPerSource:        DefaultMaxLongRunningRequestsPerSource,
+		GuaranteedLongRunningRequestsPerSource: DefaultGuaranteedLongRunningRequestsPerSource,
+		MaxCacheRequestsPerSource:              apicache.DefaultMaxInFlightPerSource,
+		RequestBodyTimeout:                     DefaultRequestBodyTimeout,
+		MaxBufferedBodyBytes:                   DefaultMaxBufferedBodyBytes,
+		ReviewQPS:                              access.DefaultReviewQPS,
+		ReviewBurst:                            access.DefaultReviewBurst,
+		ReviewQPSPerSource:                     access.DefaultSourceReviewQPS,
+		ReviewBurstPerSource:                   access.DefaultSourceReviewBurst,
 	}
 }
 
@@ -147,8 +158,9 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.HTTP2MaxStreamBuffer, "http2-max-stream-buffer", l.HTTP2MaxStreamBuffer, "HTTP/2 receive window per stream; the connection window is this times --http2-max-streams-per-connection.")
 	fs.IntVar(&l.MaxRequestsInFlight, "max-requests-inflight", l.MaxRequestsInFlight, "Non-mutating requests (get, list) served at once before 429, per path: the cache and the forwarding path each have this many (so up to twice it in all). Watches and other long-running requests are not counted. 0 means no limit.")
 	fs.IntVar(&l.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", l.MaxMutatingRequestsInFlight, "Mutating requests forwarded at once before 429. 0 means no limit.")
-	fs.IntVar(&l.MaxLongRunningRequests, "max-long-running-requests", l.MaxLongRunningRequests, "Long-running requests (watches, exec, attach, port-forward, proxy, logs) open at once before 429. Negative means no limit.")
-	fs.IntVar(&l.MaxLongRunningRequestsPerSource, "max-long-running-requests-per-source", l.MaxLongRunningRequestsPerSource, "Long-running requests one client IP may have open at once before 429 (host-network pods share the node's IP). Negative means no limit.")
+	fs.IntVar(&l.MaxLongRunningRequests, "max-long-running-requests", l.MaxLongRunningRequests, "Long-running requests (watches, exec, attach, port-forward, proxy, logs) open at once beyond the client IPs' guaranteed shares: the pool all clients draw on above --guaranteed-long-running-requests-per-source; past it they get 429. A node holds at most this plus the guaranteed share of each of its pods. Negative means no limit.")
+	fs.IntVar(&l.MaxLongRunningRequestsPerSource, "max-long-running-requests-per-source", l.MaxLongRunningRequestsPerSource, "Long-running requests one client IP may have open at once before 429, its guaranteed share included (host-network pods share the node's IP). Negative means no limit.")
+	fs.IntVar(&l.GuaranteedLongRunningRequestsPerSource, "guaranteed-long-running-requests-per-source", l.GuaranteedLongRunningRequestsPerSource, "Long-running requests every client IP may have open whatever the others hold: other pods can never make these get 429. Negative means none.")
 	fs.IntVar(&l.MaxCacheRequestsPerSource, "max-cache-requests-per-source", l.MaxCacheRequestsPerSource, "Reads of one client IP the cache reviews, or waits for a resourceVersion for, at once; past it that client's reads are forwarded. Negative means no limit.")
 	fs.DurationVar(&l.RequestBodyTimeout, "request-body-timeout", l.RequestBodyTimeout, "How long the body of a request that is not long-running may take to arrive.")
 	fs.IntVar(&l.MaxBufferedBodyBytes, "max-buffered-body-bytes", l.MaxBufferedBodyBytes, "Request bodies held in memory at once, all requests together, to resend a write to another endpoint; bodies past it are streamed.")
@@ -202,6 +214,7 @@ func (l Limits) withDefaults() Limits {
 	setDefault(&l.HTTP2MaxStreamBuffer, d.HTTP2MaxStreamBuffer)
 	setDefault(&l.MaxLongRunningRequests, d.MaxLongRunningRequests)
 	setDefault(&l.MaxLongRunningRequestsPerSource, d.MaxLongRunningRequestsPerSource)
+	setDefault(&l.GuaranteedLongRunningRequestsPerSource, d.GuaranteedLongRunningRequestsPerSource)
 	setDefault(&l.MaxCacheRequestsPerSource, d.MaxCacheRequestsPerSource)
 	setDefault(&l.RequestBodyTimeout, d.RequestBodyTimeout)
 	setDefault(&l.MaxBufferedBodyBytes, d.MaxBufferedBodyBytes)
@@ -279,7 +292,7 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 			if info.Verb == "get" || info.Verb == "list" || info.Verb == "watch" {
 				kind = "readOnly"
 			}
-			a.metrics.rejected.WithLabelValues(handler, kind).Inc()
+			a.metrics.rejected.WithLabelValues(handler, kind, "total").Inc()
 		}
 	})
 }
@@ -300,52 +313,60 @@ func (m *metrics) trackConn(_ net.Conn, state http.ConnState) {
 }
 
 // limitLongRunning bounds the long-running requests open at once through
-// h, in total and per source (client IP), without waiting: a request past
-// either bound gets 429 with Retry-After: 1, which client-go's watches and
-// kubectl retry. kube-apiserver's own in-flight limits leave these
-// requests out, since each may stay open for hours; here each holds a
-// goroutine, buffers and an upstream stream, so they are bounded
-// separately. The request must carry its RequestInfo.
+// h, shared fairly among sources (client IPs, fairshare.Pool), without
+// waiting: a request past its source's bound, or past its guaranteed share
+// with the shared pool used up, gets 429 with Retry-After: 1, which
+// client-go's watches and kubectl retry. kube-apiserver's own in-flight
+// limits leave these requests out, since each may stay open for hours;
+// here each holds a goroutine, buffers and an upstream stream, so they are
+// bounded separately. The request must carry its RequestInfo.
 func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
-	lim := a.cfg.Limits.withDefaults()
-	total, perSource := lim.MaxLongRunningRequests, lim.MaxLongRunningRequestsPerSource
-	if total < 0 && perSource < 0 {
+	lim := a.cfg.Limits.withDefaults().longRunningShare()
+	if lim.Unbounded() {
 		return h
 	}
-	var mu sync.Mutex // protects the fields below
-	open := 0
-	bySource := map[string]int{}
+	pool := fairshare.New(lim)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, ok := request.RequestInfoFrom(r.Context())
 		if !ok || !longRunning(r, info) {
 			h.ServeHTTP(w, r)
 			return
 		}
-		src, _, err := net.SplitHostPort(r.RemoteAddr)
-		if err != nil {
-			src = r.RemoteAddr
-		}
-		mu.Lock()
-		if (total >= 0 && open >= total) || (perSource >= 0 && bySource[src] >= perSource) {
-			mu.Unlock()
-			a.metrics.rejected.WithLabelValues("long-running", "long-running").Inc()
+		src := sourceOf(r.RemoteAddr)
+		release, refused := pool.Acquire(src)
+		if refused != "" {
+			a.metrics.rejected.WithLabelValues("long-running", "long-running", string(refused)).Inc()
+			klog.FromContext(r.Context()).V(4).Info("Too many long-running requests", "source", src, "reason", refused, "held", pool.Held(src))
 			w.Header().Set("Retry-After", "1")
 			writeStatus(w, r, apierrors.NewTooManyRequests("too many long-running requests through the node-local API proxy, please try again later", 1))
 			return
 		}
-		open++
-		bySource[src]++
-		mu.Unlock()
-		defer func() {
-			mu.Lock()
-			open--
-			if bySource[src]--; bySource[src] <= 0 {
-				delete(bySource, src)
-			}
-			mu.Unlock()
-		}()
+		defer release()
 		h.ServeHTTP(w, r)
 	})
+}
+
+// longRunningShare is how long-running requests are shared among sources.
+// l must have its defaults.
+func (l Limits) longRunningShare() fairshare.Limits {
+	return fairshare.Limits{
+		Guaranteed: l.GuaranteedLongRunningRequestsPerSource,
+		PerSource:  l.MaxLongRunningRequestsPerSource,
+		Shared:     l.MaxLongRunningRequests,
+	}
+}
+
+// sourceOf returns the source of a request or connection from its remote
+// address: the client IP, which is one pod (host-network pods all share
+// the node's).
+func sourceOf(remoteAddr string) string {
+	if ap, err := netip.ParseAddrPort(remoteAddr); err == nil {
+		return ap.Addr().Unmap().String()
+	}
+	if host, _, err := net.SplitHostPort(remoteAddr); err == nil {
+		return host
+	}
+	return remoteAddr
 }
 
 // withBodyDeadline gives the body of a request that is not long-running

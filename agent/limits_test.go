@@ -499,7 +499,7 @@ func TestMaxInFlight(t *testing.T) {
 		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" {
 			t.Errorf("%s %s over the bound: %d Retry-After=%q, want 429 with Retry-After 1", req.method, req.path, resp.StatusCode, resp.Header.Get("Retry-After"))
 		}
-		if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("forward", req.kind)); got != 1 {
+		if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("forward", req.kind, "total")); got != 1 {
 			t.Errorf("rejected{kind=%s} = %v, want 1", req.kind, got)
 		}
 	}
@@ -552,9 +552,10 @@ func TestLimitsValidate(t *testing.T) {
 	}
 }
 
-// TestLongRunningLimit: long-running requests are bounded per source and
-// in total, with 429 and Retry-After; short requests are not counted, and
-// slots come back when a watch ends.
+// TestLongRunningLimit: long-running requests are bounded per source and,
+// past a source's guaranteed share, by the shared pool, with 429 and
+// Retry-After; short requests are not counted, and slots come back when a
+// watch ends.
 func TestLongRunningLimit(t *testing.T) {
 	release := make(chan struct{})
 	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -568,7 +569,7 @@ func TestLongRunningLimit(t *testing.T) {
 		}
 	}))
 	defer upstream.Close()
-	a := newTestAgentWithLimits(t, upstream, Limits{MaxLongRunningRequests: 3, MaxLongRunningRequestsPerSource: 2})
+	a := newTestAgentWithLimits(t, upstream, Limits{MaxLongRunningRequests: 1, MaxLongRunningRequestsPerSource: 2, GuaranteedLongRunningRequestsPerSource: 1})
 	handler := a.handler
 	withSource := func(src string) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -606,7 +607,7 @@ func TestLongRunningLimit(t *testing.T) {
 		t.Errorf("another source's watch: %d, want 200", code)
 	}
 	if code := watch("10.0.0.2:1"); code != http.StatusTooManyRequests {
-		t.Errorf("a watch past the total bound: %d, want 429", code)
+		t.Errorf("a watch past the guaranteed share with the pool used up: %d, want 429", code)
 	}
 	resp, err := http.Get(fronts["10.0.0.1:1"].URL + "/api/v1/namespaces/a/pods")
 	if err != nil {
@@ -616,8 +617,10 @@ func TestLongRunningLimit(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("a list while long-running requests are at their bound: %d, want 200", resp.StatusCode)
 	}
-	if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("long-running", "long-running")); got != 2 {
-		t.Errorf("rejected long-running requests counted: %v, want 2", got)
+	for _, reason := range []string{"per-source", "total"} {
+		if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("long-running", "long-running", reason)); got != 1 {
+			t.Errorf("rejected long-running requests counted with reason %s: %v, want 1", reason, got)
+		}
 	}
 	close(release)
 	for _, r := range open {
@@ -626,6 +629,72 @@ func TestLongRunningLimit(t *testing.T) {
 	}
 	waitFor(t, func() bool { return watchStatus(fronts["10.0.0.1:1"].URL) == http.StatusOK }, "a slot after the watches ended")
 }
+
+// TestLongRunningFairShare: a few pods that each hold as many watches as
+// one source may cannot make another pod's watch get 429. Given the default
+// limits, when eight sources open watches until refused, then each of a
+// hundred other pods still opens its five.
+func TestLongRunningFairShare(t *testing.T) {
+	a := &Agent{cfg: &Config{Limits: DefaultLimits()}, metrics: newMetrics()}
+	release := make(chan struct{})
+	h := withRequestInfo(a.limitLongRunning(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(r.Context().Value(admittedTestKey{}).(chan struct{}))
+		<-release
+	})))
+	var wg sync.WaitGroup
+	defer func() { close(release); wg.Wait() }()
+	// watch opens a watch from src and reports whether it was admitted;
+	// an admitted one stays open until the test ends.
+	watch := func(src string) (admitted bool, code int) {
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/a/pods?watch=true", nil)
+		req.RemoteAddr = src + ":40000"
+		in := make(chan struct{})
+		req = req.WithContext(context.WithValue(req.Context(), admittedTestKey{}, in))
+		rec := httptest.NewRecorder()
+		done := make(chan struct{})
+		wg.Go(func() { defer close(done); h.ServeHTTP(rec, req) })
+		select {
+		case <-in:
+			return true, http.StatusOK
+		case <-done:
+			return false, rec.Code
+		}
+	}
+	attackers := 0
+	for i := range 8 {
+		n := 0
+		for {
+			ok, code := watch(fmt.Sprintf("10.1.0.%d", i+1))
+			if !ok {
+				if code != http.StatusTooManyRequests {
+					t.Fatalf("an attacker's watch refused with %d, want 429", code)
+				}
+				break
+			}
+			n++
+		}
+		attackers += n
+	}
+	victims, refused := 0, 0
+	for p := range 100 {
+		for range 5 {
+			if ok, code := watch(fmt.Sprintf("10.2.0.%d", p+1)); ok {
+				victims++
+			} else {
+				refused++
+				if refused == 1 {
+					t.Errorf("pod %d's watch while 8 sources hold %d: %d, want 200", p+1, attackers, code)
+				}
+			}
+		}
+	}
+	t.Logf("8 sources hold %d watches (%d each at most); 100 other pods then opened %d of 500, %d refused",
+		attackers, DefaultMaxLongRunningRequestsPerSource, victims, refused)
+}
+
+// admittedTestKey carries a channel a test handler closes once a request
+// reached it.
+type admittedTestKey struct{}
 
 func watchStatus(base string) int {
 	resp, err := http.Get(base + "/api/v1/namespaces/a/pods?watch=true")

@@ -65,8 +65,8 @@ func newMetrics() *metrics {
 	}
 	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_apicache_rejected_requests_total",
-		Help: "Requests answered 429 because too many were in flight, by handler and kind (readOnly, mutating).",
-	}, []string{"handler", "kind"})
+		Help: "Requests answered 429 because too many were in flight, by handler (cache, forward, long-running), kind (readOnly, mutating, long-running) and reason (per-source: the client IP holds its own bound; total: it holds its guaranteed share and the pool shared by all is used up).",
+	}, []string{"handler", "kind", "reason"})
 	m.openConns = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_apicache_open_connections",
 		Help: "Client connections open on the serving port, including upgraded ones until they are handed over.",
