@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -99,7 +100,14 @@ func startTestServer(t *testing.T, h http.Handler, limits Limits) *testServer {
 
 // client returns an HTTP client for the server, over HTTP/2 or HTTP/1.1.
 func (s *testServer) client(h2 bool) *http.Client {
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.cert.pool}, ForceAttemptHTTP2: h2}
+	return s.clientFrom("127.0.0.1", h2)
+}
+
+// clientFrom is client with connections from the loopback address src:
+// another source, as another pod.
+func (s *testServer) clientFrom(src string, h2 bool) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.cert.pool}, ForceAttemptHTTP2: h2, DialContext: d.DialContext}
 	if !h2 {
 		tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
 	}
@@ -109,7 +117,14 @@ func (s *testServer) client(h2 bool) *http.Client {
 // dial opens a raw TLS connection offering protos.
 func (s *testServer) dial(t *testing.T, protos ...string) *tls.Conn {
 	t.Helper()
-	c, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: s.cert.pool, NextProtos: protos})
+	return s.dialFrom(t, "127.0.0.1", protos...)
+}
+
+// dialFrom is dial from the loopback address src.
+func (s *testServer) dialFrom(t *testing.T, src string, protos ...string) *tls.Conn {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	c, err := tls.DialWithDialer(d, "tcp", s.addr, &tls.Config{RootCAs: s.cert.pool, NextProtos: protos})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +474,7 @@ func TestMaxInFlight(t *testing.T) {
 		w.WriteHeader(http.StatusOK)
 	}))
 	defer upstream.Close()
-	a := newTestAgentWithLimits(t, upstream, Limits{MaxRequestsInFlight: 2, MaxMutatingRequestsInFlight: 1})
+	a := newTestAgentWithLimits(t, upstream, Limits{MaxRequestsInFlight: 2, MaxMutatingRequestsInFlight: 1, GuaranteedRequestsInFlightPerSource: -1})
 	front := httptest.NewServer(a.handler)
 	defer front.Close()
 
@@ -522,11 +537,223 @@ func TestMaxInFlight(t *testing.T) {
 	}
 }
 
+// TestNeverReadAnswers: a source that never reads its answers cannot make
+// another pod's request get 429, and each such answer is ended at the
+// request timeout, which frees its slot. Given the default limits, when one
+// source sends the node's whole budget of reads whose answers it never
+// reads, over HTTP/2 connections that grant no flow-control window, then
+// another pod's requests are all answered; the answers that source holds
+// are reset at the request timeout, and so are those of a connection that
+// does not read at all.
+func TestNeverReadAnswers(t *testing.T) {
+	const timeout = 2 * time.Second
+	answer := bytes.Repeat([]byte("x"), 1<<20)
+	for _, tc := range []struct {
+		name, path string
+		// agent returns an agent with limits and its handler, which counts
+		// the requests that reach the answer in served.
+		agent func(t *testing.T, limits Limits, served *atomic.Int32) (*Agent, http.Handler)
+	}{{
+		// GET /openapi/v2, which any ServiceAccount token may read, is
+		// forwarded; its answer is larger than the upstream window.
+		name: "forwarded",
+		path: "/openapi/v2",
+		agent: func(t *testing.T, limits Limits, served *atomic.Int32) (*Agent, http.Handler) {
+			upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/openapi/v2" {
+					served.Add(1)
+					_, _ = w.Write(answer)
+					return
+				}
+				_, _ = io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","items":[]}`)
+			}))
+			upstream.EnableHTTP2 = true
+			upstream.StartTLS()
+			t.Cleanup(upstream.Close)
+			a := newTestAgentWithLimits(t, upstream, limits)
+			return a, a.handler
+		},
+	}, {
+		// A list a tenant with view may read, answered from the cache
+		// (here a stand-in writing shared bytes, as the cache writes its
+		// encodings).
+		name: "cached",
+		path: "/api/v1/namespaces/a/configmaps",
+		agent: func(t *testing.T, limits Limits, served *atomic.Int32) (*Agent, http.Handler) {
+			unused := httptest.NewTLSServer(http.NotFoundHandler())
+			t.Cleanup(unused.Close)
+			a := newTestAgentWithLimits(t, unused, limits)
+			return a, a.front(a.cacheHit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/api/v1/namespaces/a/configmaps" {
+					served.Add(1)
+					_, _ = w.Write(answer)
+					return
+				}
+				_, _ = io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","items":[]}`)
+			})))
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			limits := DefaultLimits()
+			limits.RequestTimeout = timeout
+			var served atomic.Int32
+			a, h := tc.agent(t, limits, &served)
+			s := startTestServer(t, h, limits)
+			victim := s.clientFrom("127.0.0.2", true)
+			get := func(c *http.Client) int {
+				resp, err := c.Get("https://" + s.addr + "/api/v1/namespaces/a/pods")
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			get(victim)
+			before := heapInUse()
+
+			// One source sends the node's whole budget, 100 streams a
+			// connection, each connection once the previous one's are all
+			// answered.
+			token := [][2]string{{"authorization", "Bearer any-service-account"}}
+			var attack []*h2test.Stalled
+			answered := func(c *h2test.Stalled) int {
+				byStatus, _, _ := c.Answers()
+				n := 0
+				for _, k := range byStatus {
+					n += k
+				}
+				return n
+			}
+			for range DefaultMaxRequestsInFlight / 100 {
+				c, err := h2test.Stall(s.dial(t, "h2"), s.addr, tc.path, token, 100, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				attack = append(attack, c)
+				waitFor(t, func() bool { return answered(c) == 100 }, "answers to 100 never-read requests")
+			}
+			admitted, refused := 0, 0
+			for _, c := range attack {
+				byStatus, _, _ := c.Answers()
+				admitted += byStatus[http.StatusOK]
+				refused += byStatus[http.StatusTooManyRequests]
+			}
+			grown := heapInUse() - before
+
+			codes := map[int]int{}
+			for range 20 {
+				codes[get(victim)]++
+			}
+			t.Logf("one source holds %d never-read answers of GET %s (%d refused with 429), heap +%.1f MiB; another pod's 20 requests: %v",
+				admitted, tc.path, refused, float64(grown)/(1<<20), codes)
+			if codes[http.StatusOK] != 20 {
+				t.Errorf("another pod's requests while one source holds %d never-read answers: %v, want 20 of 200", admitted, codes)
+			}
+
+			// At the request timeout every held answer is reset, and its
+			// slot freed.
+			timeouts := func() int { return int(testutil.ToFloat64(a.metrics.requestTimeouts)) }
+			inFlight := func() int {
+				return int(testutil.ToFloat64(a.metrics.inFlight.WithLabelValues(handlerOf(tc.name), "readOnly")))
+			}
+			waitFor(t, func() bool { return inFlight() == 0 }, "the never-read answers to end at the request timeout")
+			if n := timeouts(); n != admitted {
+				t.Errorf("%d answers ended at the request timeout, want the %d held", n, admitted)
+			}
+			waitFor(t, func() bool {
+				for _, c := range attack {
+					if byStatus, reset, _ := c.Answers(); reset != byStatus[http.StatusOK] {
+						return false
+					}
+				}
+				return true
+			}, "the held answers' streams to be reset")
+			if code := get(s.client(true)); code != http.StatusOK {
+				t.Errorf("the source's request after its answers were ended: %d, want 200", code)
+			}
+
+			// A connection that does not read at all stalls the server's
+			// writes in TCP; its answers end at the request timeout all the
+			// same (the few that fit in the socket buffers end before).
+			from := served.Load()
+			start := time.Now()
+			if _, err := h2test.Stall(s.dialFrom(t, "127.0.0.3", "h2"), s.addr, tc.path, token, 100, false); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool { return served.Load()-from == int32(DefaultMaxRequestsInFlightPerSource) }, "the unread connection's requests answered")
+			waitFor(t, func() bool { return inFlight() == 0 }, "the answers of a connection that does not read to end")
+			t.Logf("a connection that reads nothing had its %d answers ended within %s (request timeout %s)",
+				DefaultMaxRequestsInFlightPerSource, time.Since(start).Round(100*time.Millisecond), timeout)
+		})
+	}
+}
+
+// TestRequestTimeoutSparesWatches: the request timeout does not end a
+// watch. Given a request timeout of 500 ms, when an HTTP/1.1 connection
+// that served a list (with a write deadline) then carries a watch, then the
+// watch streams on past the timeout.
+func TestRequestTimeoutSparesWatches(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") != "true" {
+			_, _ = io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","items":[]}`)
+			return
+		}
+		for i := range 10 {
+			if _, err := fmt.Fprintf(w, `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"%d"}}}`+"\n", i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			time.Sleep(timeout / 4)
+		}
+	}))
+	defer upstream.Close()
+	a := newTestAgentWithLimits(t, upstream, Limits{RequestTimeout: timeout})
+	s := startTestServer(t, a.handler, Limits{})
+	c := s.client(false)
+	c.Transport.(*http.Transport).MaxConnsPerHost = 1
+	resp, err := c.Get("https://" + s.addr + "/api/v1/namespaces/a/pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	start := time.Now()
+	resp, err = c.Get("https://" + s.addr + "/api/v1/namespaces/a/pods?watch=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := bytes.Count(b, []byte("\n")); err != nil || n != 10 {
+		t.Errorf("a watch on a connection that served a list: %d events in %s, %v; want all 10 over %s", n, time.Since(start).Round(time.Millisecond), err, 10*timeout/4)
+	}
+}
+
+// handlerOf is the handler label of TestNeverReadAnswers' case name.
+func handlerOf(name string) string {
+	if name == "cached" {
+		return "cache"
+	}
+	return "forward"
+}
+
+// heapInUse returns the live heap after a collection.
+func heapInUse() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
 // newTestAgentWithLimits is newTestAgent with limits set.
 func newTestAgentWithLimits(t *testing.T, upstream *httptest.Server, limits Limits) *Agent {
 	t.Helper()
 	a := newTestAgent(t, upstream)
 	a.cfg.Limits = limits
+	// As newUpstreams sets it; before the transport's first use.
+	a.up.transport.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: limits.withDefaults().HTTP2MaxUpstreamStreamBuffer}
 	a.handler = a.buildHandler()
 	return a
 }
@@ -542,6 +769,8 @@ func TestLimitsValidate(t *testing.T) {
 		{func(l *Limits) { l.HTTP2MaxFrameSize = 1000 }, "--http2-max-frame-size"},
 		{func(l *Limits) { l.MaxRequestsInFlight = -1 }, "--max-requests-inflight"},
 		{func(l *Limits) { l.MaxMutatingRequestsInFlight = -1 }, "--max-mutating-requests-inflight"},
+		{func(l *Limits) { l.RequestTimeout = -time.Second }, "--request-timeout"},
+		{func(l *Limits) { l.HTTP2MaxUpstreamStreamBuffer = -1 }, "--http2-max-upstream-stream-buffer"},
 	} {
 		l := DefaultLimits()
 		tc.mutate(&l)
