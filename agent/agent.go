@@ -408,8 +408,10 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	srv := newServer(a.handler, probingCert{certSource: a.cert, probes: a.probes}, a.cfg.Limits)
 	srv.ErrorLog = newServerErrorLog(logger)
 	srv.ConnState = a.metrics.trackConn
+	// One set of connection bounds for the node, across the listeners.
+	conns := newConnLimiter(a.cfg.Limits, a.metrics, logger)
 	for _, l := range ls {
-		go func() { serveErr <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
+		go func() { serveErr <- srv.Serve(tls.NewListener(conns.listener(l), srv.TLSConfig)) }()
 	}
 
 	// The background loops stop before shutdown touches the dataplanes.

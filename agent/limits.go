@@ -24,9 +24,9 @@ import (
 	"github.com/kube-apicache/kube-apicache/cache/access"
 )
 
-// Limits bound what clients can make the agent hold: connections that never
-// finish their headers, oversized headers, HTTP/2 streams and buffers, and
-// requests in flight. The defaults are kube-apiserver's own secure-serving
+// Limits bound what clients can make the agent hold: connections, those
+// that never finish their headers or send no request, oversized headers,
+// HTTP/2 streams and buffers, and requests in flight. The defaults are kube-apiserver's own secure-serving
 // and max-in-flight defaults, so a pod meets the same front door through the
 // agent as without it.
 //
@@ -41,6 +41,21 @@ type Limits struct {
 	// MaxHeaderBytes bounds the request line and headers; larger requests
 	// get 431 Request Header Fields Too Large.
 	MaxHeaderBytes int
+
+	// Client connections are shared among sources (client IPs) as package
+	// fairshare says: every source may always have
+	// GuaranteedConnectionsPerSource open; above that it draws on a pool of
+	// MaxConnections shared by all sources, up to MaxConnectionsPerSource
+	// in all. A connection past either bound is closed as soon as it is
+	// accepted. Zero means the default; negative means no bound (no
+	// guaranteed share).
+	MaxConnections                 int
+	MaxConnectionsPerSource        int
+	GuaranteedConnectionsPerSource int
+	// FirstRequestTimeout closes a connection that has not sent the
+	// headers of a first request (TLS handshake included) within it from
+	// its accept. Zero means the default.
+	FirstRequestTimeout time.Duration
 
 	// HTTP2MaxStreams is the number of concurrent streams one HTTP/2
 	// connection may have open.
@@ -138,6 +153,15 @@ const (
 // Defaults of the bounds kube-apiserver has no counterpart of: they are
 // what one node's pods need, with room to spare.
 const (
+	// An idle connection costs about 35 KiB. A node holds at most
+	// 1000 + 110 x 8 = 1880 (64 MiB); one source 300 (10 MiB), enough for
+	// an HTTP/1.1 client (a connection per watch) at its bound of
+	// long-running requests with requests beside them.
+	DefaultMaxConnections                 = 1000
+	DefaultMaxConnectionsPerSource        = 300
+	DefaultGuaranteedConnectionsPerSource = 8
+	// Clients connect when they have a request to send.
+	DefaultFirstRequestTimeout = 10 * time.Second
 	// A quarter of the node's bound: it takes four sources at their own
 	// bound to use up the shared pool, and every pod may have a few
 	// requests in flight whatever the others do (kube-apiserver confines
@@ -171,6 +195,11 @@ func DefaultLimits() Limits {
 		MaxRequestsInFlight:          DefaultMaxRequestsInFlight,
 		MaxMutatingRequestsInFlight:  DefaultMaxMutatingRequestsInFlight,
 
+		MaxConnections:                 DefaultMaxConnections,
+		MaxConnectionsPerSource:        DefaultMaxConnectionsPerSource,
+		GuaranteedConnectionsPerSource: DefaultGuaranteedConnectionsPerSource,
+		FirstRequestTimeout:            DefaultFirstRequestTimeout,
+
 		MaxRequestsInFlightPerSource:         DefaultMaxRequestsInFlightPerSource,
 		MaxMutatingRequestsInFlightPerSource: DefaultMaxMutatingRequestsInFlightPerSource,
 		GuaranteedRequestsInFlightPerSource:  DefaultGuaranteedRequestsInFlightPerSource,
@@ -194,6 +223,10 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", l.ReadHeaderTimeout, "Close connections whose request headers take longer than this to arrive.")
 	fs.DurationVar(&l.IdleTimeout, "idle-timeout", l.IdleTimeout, "Close keep-alive connections idle this long.")
 	fs.IntVar(&l.MaxHeaderBytes, "max-header-bytes", l.MaxHeaderBytes, "Largest request line plus headers accepted; larger requests get 431.")
+	fs.IntVar(&l.MaxConnections, "max-connections", l.MaxConnections, "Client connections open at once beyond the client IPs' guaranteed shares: the pool all clients draw on above --guaranteed-connections-per-source; a connection past it is closed as soon as it is accepted. A node holds at most this plus the guaranteed share of each of its pods. Negative means no limit.")
+	fs.IntVar(&l.MaxConnectionsPerSource, "max-connections-per-source", l.MaxConnectionsPerSource, "Connections one client IP may have open at once, its guaranteed share included; past it a connection is closed as soon as it is accepted (host-network pods share the node's IP). HTTP/2 clients need one or two; HTTP/1.1 clients one per watch or request in flight. Negative means no limit.")
+	fs.IntVar(&l.GuaranteedConnectionsPerSource, "guaranteed-connections-per-source", l.GuaranteedConnectionsPerSource, "Connections every client IP may have open whatever the others hold. Negative means none.")
+	fs.DurationVar(&l.FirstRequestTimeout, "first-request-timeout", l.FirstRequestTimeout, "Close connections that have not sent the headers of a first request (TLS handshake included) this long after they were accepted.")
 	fs.IntVar(&l.HTTP2MaxStreams, "http2-max-streams-per-connection", l.HTTP2MaxStreams, "Concurrent streams allowed on one HTTP/2 connection.")
 	fs.IntVar(&l.HTTP2MaxFrameSize, "http2-max-frame-size", l.HTTP2MaxFrameSize, "Largest HTTP/2 frame read from clients (16384 to 16777215).")
 	fs.IntVar(&l.HTTP2MaxStreamBuffer, "http2-max-stream-buffer", l.HTTP2MaxStreamBuffer, "HTTP/2 receive window per stream; the connection window is this times --http2-max-streams-per-connection.")
@@ -226,6 +259,8 @@ func (l *Limits) Validate() error {
 		return errors.New("--idle-timeout must not be negative")
 	case l.MaxHeaderBytes < 0:
 		return errors.New("--max-header-bytes must not be negative")
+	case l.FirstRequestTimeout < 0:
+		return errors.New("--first-request-timeout must not be negative")
 	case l.HTTP2MaxStreams < 0:
 		return errors.New("--http2-max-streams-per-connection must not be negative")
 	case l.HTTP2MaxFrameSize != 0 && (l.HTTP2MaxFrameSize < 16<<10 || l.HTTP2MaxFrameSize > 1<<24-1):
@@ -259,6 +294,10 @@ func (l Limits) withDefaults() Limits {
 	setDefault(&l.ReadHeaderTimeout, d.ReadHeaderTimeout)
 	setDefault(&l.IdleTimeout, d.IdleTimeout)
 	setDefault(&l.MaxHeaderBytes, d.MaxHeaderBytes)
+	setDefault(&l.MaxConnections, d.MaxConnections)
+	setDefault(&l.MaxConnectionsPerSource, d.MaxConnectionsPerSource)
+	setDefault(&l.GuaranteedConnectionsPerSource, d.GuaranteedConnectionsPerSource)
+	setDefault(&l.FirstRequestTimeout, d.FirstRequestTimeout)
 	setDefault(&l.HTTP2MaxStreams, d.HTTP2MaxStreams)
 	setDefault(&l.HTTP2MaxFrameSize, d.HTTP2MaxFrameSize)
 	setDefault(&l.HTTP2MaxStreamBuffer, d.HTTP2MaxStreamBuffer)

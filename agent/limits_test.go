@@ -10,13 +10,16 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"net/url"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -74,12 +77,14 @@ func (s *staticCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, err
 func (s *staticCert) Ready() error        { return nil }
 func (s *staticCert) Run(context.Context) {}
 
-// testServer is newServer on a loopback TLS listener.
+// testServer is newServer on a loopback TLS listener with its connection
+// limiter.
 type testServer struct {
-	addr  string
-	cert  *staticCert
-	srv   *http.Server
-	conns *metrics
+	addr    string
+	cert    *staticCert
+	srv     *http.Server
+	conns   *metrics
+	limiter *connLimiter
 }
 
 func startTestServer(t *testing.T, h http.Handler, limits Limits) *testServer {
@@ -93,9 +98,10 @@ func startTestServer(t *testing.T, h http.Handler, limits Limits) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
+	limiter := newConnLimiter(limits, m, klog.Background())
+	go func() { _ = srv.Serve(tls.NewListener(limiter.listener(l), srv.TLSConfig)) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return &testServer{addr: l.Addr().String(), cert: cert, srv: srv, conns: m}
+	return &testServer{addr: l.Addr().String(), cert: cert, srv: srv, conns: m, limiter: limiter}
 }
 
 // client returns an HTTP client for the server, over HTTP/2 or HTTP/1.1.
@@ -457,6 +463,198 @@ func TestServerRapidReset(t *testing.T) {
 	}
 }
 
+// TestIdleConnections: connections that send nothing after the TLS
+// handshake and the HTTP/2 preface cannot run the agent out of memory nor
+// keep another pod from being served. Given the default limits, when one
+// source opens 8,000 such connections, then only its share is kept (the
+// rest are closed as accepted), the heap and stacks grow by a few MiB, and
+// another pod's requests are answered.
+func TestIdleConnections(t *testing.T) {
+	const attempts = 8000
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","items":[]}`)
+	}))
+	defer upstream.Close()
+	limits := DefaultLimits()
+	// The bounds alone, before the first-request timeout closes anything.
+	limits.FirstRequestTimeout = 5 * time.Minute
+	a := newTestAgentWithLimits(t, upstream, limits)
+	s := startTestServer(t, a.handler, limits)
+	victim := s.clientFrom("127.0.0.2", true)
+	get := func() int {
+		resp, err := victim.Get("https://" + s.addr + "/api/v1/namespaces/a/pods")
+		if err != nil {
+			t.Fatalf("another pod's request: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	get()
+	memBefore, goroutinesBefore := memInUse(), runtime.NumGoroutine()
+
+	// Each connection completes its handshake and the HTTP/2 preface, then
+	// holds only its TCP socket: the client keeps nothing else, so that the
+	// heap measures the agent.
+	var (
+		mu      sync.Mutex
+		open    []net.Conn
+		refused int
+	)
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	cfg := &tls.Config{RootCAs: s.cert.pool, ServerName: "127.0.0.1", NextProtos: []string{"h2"}}
+	work := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for range work {
+				raw, err := net.DialTimeout("tcp", s.addr, 5*time.Second)
+				if err != nil {
+					t.Errorf("dialling: %v", err)
+					return
+				}
+				_ = raw.SetDeadline(time.Now().Add(5 * time.Second))
+				c := tls.Client(raw, cfg)
+				err = c.Handshake()
+				if err == nil {
+					_, err = io.WriteString(c, http2.ClientPreface)
+				}
+				if err == nil {
+					err = http2.NewFramer(c, nil).WriteSettings()
+				}
+				if err == nil {
+					// A refused connection may complete its handshake
+					// before the close reaches it; a byte read tells.
+					_ = raw.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+					var b [1]byte
+					if _, rerr := c.Read(b[:]); rerr != nil && !errors.Is(rerr, os.ErrDeadlineExceeded) {
+						err = rerr
+					}
+				}
+				mu.Lock()
+				if err != nil {
+					raw.Close()
+					refused++
+				} else {
+					_ = raw.SetDeadline(time.Time{})
+					open = append(open, raw)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for range attempts {
+		work <- struct{}{}
+	}
+	close(work)
+	wg.Wait()
+	grown := memInUse() - memBefore
+	goroutines := runtime.NumGoroutine() - goroutinesBefore
+
+	code := get()
+	perConn := 0.0
+	if len(open) > 0 {
+		perConn = float64(grown) / float64(len(open)) / 1024
+	}
+	t.Logf("one source tried %d idle HTTP/2 connections: %d kept, %d closed as accepted (%v by reason per-source); heap and stacks +%.1f MiB (%.1f KiB per kept connection), +%d goroutines; another pod's request: %d",
+		attempts, len(open), refused, testutil.ToFloat64(s.conns.closedConns.WithLabelValues("per-source")), float64(grown)/(1<<20), perConn, goroutines, code)
+	if len(open) > DefaultMaxConnectionsPerSource {
+		t.Errorf("one source holds %d connections, bound is %d", len(open), DefaultMaxConnectionsPerSource)
+	}
+	// A quarter of the DaemonSet's 256 MiB memory limit.
+	if grown > 64<<20 {
+		t.Errorf("%d idle connections of one source grew the heap and stacks by %.1f MiB, want under 64 MiB", len(open), float64(grown)/(1<<20))
+	}
+	if code != http.StatusOK {
+		t.Errorf("another pod's request while one source holds %d connections: %d, want 200", len(open), code)
+	}
+	// Closed connections give their slots back.
+	for _, c := range open {
+		c.Close()
+	}
+	open = nil
+	waitFor(t, func() bool { return s.limiter.pool.Usage().Held <= 1 }, "the closed connections' slots")
+}
+
+// TestConnectionLimits: connections are shared among sources, and a
+// connection without a request is closed at the first-request timeout.
+func TestConnectionLimits(t *testing.T) {
+	const timeout = 2 * time.Second
+	s := startTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}), Limits{MaxConnections: 4, MaxConnectionsPerSource: 3, GuaranteedConnectionsPerSource: 1, FirstRequestTimeout: timeout})
+	// connect completes a handshake from src and reports whether the
+	// connection then stays open for a moment.
+	connect := func(src string) (net.Conn, bool) {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := tls.DialWithDialer(d, "tcp", s.addr, &tls.Config{RootCAs: s.cert.pool, NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			return nil, false
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		var b [1]byte
+		if _, err := c.Read(b[:]); !errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, false
+		}
+		return c, true
+	}
+
+	// Given two sources at their bound of 3, which uses up the shared
+	// pool of 4 beyond their guaranteed connection each, when a third
+	// source connects, then its first connection is kept and its second
+	// closed.
+	for _, src := range []string{"127.0.0.1", "127.0.0.2"} {
+		for i := range 3 {
+			if _, ok := connect(src); !ok {
+				t.Fatalf("connection %d of %s within its bound was closed", i+1, src)
+			}
+		}
+		if _, ok := connect(src); ok {
+			t.Errorf("a fourth connection of %s was kept, bound is 3", src)
+		}
+	}
+	if _, ok := connect("127.0.0.3"); !ok {
+		t.Errorf("another source's guaranteed connection was closed")
+	}
+	if _, ok := connect("127.0.0.3"); ok {
+		t.Errorf("another source's second connection was kept with the shared pool used up")
+	}
+	for reason, want := range map[string]float64{"per-source": 2, "total": 1} {
+		if got := testutil.ToFloat64(s.conns.closedConns.WithLabelValues(reason)); got != want {
+			t.Errorf("connections closed with reason %s: %v, want %v", reason, got, want)
+		}
+	}
+
+	// When the first-request timeout passes, then the connections that
+	// sent no request are closed and their slots given back; one that did
+	// is kept.
+	c := s.clientFrom("127.0.0.4", false)
+	resp, err := c.Get("https://" + s.addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	waitFor(t, func() bool { return s.limiter.pool.Usage().Held == 1 }, "the connections without a request to close")
+	if got := testutil.ToFloat64(s.conns.closedConns.WithLabelValues("first-request-timeout")); got != 7 {
+		t.Errorf("connections closed at the first-request timeout: %v, want 7", got)
+	}
+	var reused bool
+	req, _ := http.NewRequest(http.MethodGet, "https://"+s.addr+"/", nil)
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}))
+	if resp, err = c.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !reused {
+		t.Errorf("a connection that sent a request was closed at the first-request timeout")
+	}
+}
+
 // TestMaxInFlight checks the in-flight bounds: over the bound a short
 // request gets 429 with Retry-After and is counted, while watches are not
 // counted against it.
@@ -610,7 +808,7 @@ func TestNeverReadAnswers(t *testing.T) {
 				return resp.StatusCode
 			}
 			get(victim)
-			before := heapInUse()
+			before := memInUse()
 
 			// One source sends the node's whole budget, 100 streams a
 			// connection, each connection once the previous one's are all
@@ -639,13 +837,13 @@ func TestNeverReadAnswers(t *testing.T) {
 				admitted += byStatus[http.StatusOK]
 				refused += byStatus[http.StatusTooManyRequests]
 			}
-			grown := heapInUse() - before
+			grown := memInUse() - before
 
 			codes := map[int]int{}
 			for range 20 {
 				codes[get(victim)]++
 			}
-			t.Logf("one source holds %d never-read answers of GET %s (%d refused with 429), heap +%.1f MiB; another pod's 20 requests: %v",
+			t.Logf("one source holds %d never-read answers of GET %s (%d refused with 429), heap and stacks +%.1f MiB; another pod's 20 requests: %v",
 				admitted, tc.path, refused, float64(grown)/(1<<20), codes)
 			if codes[http.StatusOK] != 20 {
 				t.Errorf("another pod's requests while one source holds %d never-read answers: %v, want 20 of 200", admitted, codes)
@@ -739,12 +937,13 @@ func handlerOf(name string) string {
 	return "forward"
 }
 
-// heapInUse returns the live heap after a collection.
-func heapInUse() int64 {
+// memInUse returns the live heap after a collection plus the goroutine
+// stacks: what connections and requests held open cost.
+func memInUse() int64 {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return int64(ms.HeapAlloc)
+	return int64(ms.HeapAlloc + ms.StackInuse)
 }
 
 // newTestAgentWithLimits is newTestAgent with limits set.
@@ -770,6 +969,7 @@ func TestLimitsValidate(t *testing.T) {
 		{func(l *Limits) { l.MaxRequestsInFlight = -1 }, "--max-requests-inflight"},
 		{func(l *Limits) { l.MaxMutatingRequestsInFlight = -1 }, "--max-mutating-requests-inflight"},
 		{func(l *Limits) { l.RequestTimeout = -time.Second }, "--request-timeout"},
+		{func(l *Limits) { l.FirstRequestTimeout = -time.Second }, "--first-request-timeout"},
 		{func(l *Limits) { l.HTTP2MaxUpstreamStreamBuffer = -1 }, "--http2-max-upstream-stream-buffer"},
 	} {
 		l := DefaultLimits()

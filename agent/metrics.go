@@ -34,11 +34,13 @@ type metrics struct {
 	// inFlight is the requests in flight by the limits that count them;
 	// rejected counts requests turned away by those limits;
 	// requestTimeouts the answers ended at the request timeout;
-	// openConns is the client connections open now.
+	// openConns is the client connections open now, closedConns those
+	// closed by the connection limits.
 	inFlight        *prometheus.GaugeVec
 	rejected        *prometheus.CounterVec
 	requestTimeouts prometheus.Counter
 	openConns       prometheus.Gauge
+	closedConns     *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -83,7 +85,11 @@ func newMetrics() *metrics {
 		Name: "kube_apicache_open_connections",
 		Help: "Client connections open on the serving port, including upgraded ones until they are handed over.",
 	})
-	m.registry.MustRegister(m.requests, m.requestDuration, m.ruleSyncs, m.ready, m.intercepting, m.inFlight, m.rejected, m.requestTimeouts, m.openConns,
+	m.closedConns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_apicache_closed_connections_total",
+		Help: "Client connections the agent closed to bound them, by reason: per-source or total (closed as accepted: the client IP had --max-connections-per-source open, or its guaranteed share with --max-connections used up), first-request-timeout (no request within --first-request-timeout).",
+	}, []string{"reason"})
+	m.registry.MustRegister(m.requests, m.requestDuration, m.ruleSyncs, m.ready, m.intercepting, m.inFlight, m.rejected, m.requestTimeouts, m.openConns, m.closedConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
