@@ -214,8 +214,9 @@ func (a *Agent) front(h http.Handler) http.Handler {
 	lim := a.cfg.Limits.withDefaults()
 	// Every request, cached or forwarded, counts against the long-running
 	// bounds if it is long-running, and gets deadlines for its body and
-	// its answer if it is not.
-	h = a.limitLongRunning(withBodyDeadline(a.withRequestTimeout(h, lim.RequestTimeout), lim.RequestBodyTimeout))
+	// its answer if it is not. Long-running requests whose body
+	// kube-apiserver ignores have it dropped.
+	h = withoutIgnoredBody(a.limitLongRunning(withBodyDeadline(a.withRequestTimeout(h, lim.RequestTimeout), lim.RequestBodyTimeout)))
 	// Callers with a TLS client certificate are handed to kube-apiserver
 	// before anything else sees their requests (clientcert.go).
 	if a.clientCerts == nil {

@@ -538,6 +538,42 @@ func (a *Agent) withRequestTimeout(h http.Handler, timeout time.Duration) http.H
 	})
 }
 
+// withoutIgnoredBody drops the body of a request whose body kube-apiserver
+// never reads, a watch or a get of a pod's log, which may stay open for
+// hours. kube-apiserver serves such a request as if it had no body, and so
+// does the agent, but without holding the body meanwhile: HTTP/2 buffers up
+// to a stream's window of it (256 KiB), which neither the cache nor
+// kube-apiserver would ever read. Over HTTP/2 the body is closed at once,
+// which makes net/http drop what it holds of it and discard what follows
+// (a client can send no more than one window). It is never forwarded.
+// Over HTTP/1.1 net/http itself reads at most 256 KiB of a body left
+// unread before the answer starts, and closes the connection after the
+// answer if more is left; the body is not closed here, since closing it
+// would wait for those bytes. The request must carry its RequestInfo.
+func withoutIgnoredBody(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || !bodyIgnored(r) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		if r.ProtoMajor == 2 {
+			_ = r.Body.Close()
+		}
+		r = r.Clone(r.Context())
+		r.Body, r.ContentLength = http.NoBody, 0
+		r.Header.Del("Content-Length")
+		r.Header.Del("Transfer-Encoding")
+		h.ServeHTTP(w, r)
+	})
+}
+
+// bodyIgnored reports whether kube-apiserver ignores r's body: r is a
+// watch, or a get of a log, both long-running.
+func bodyIgnored(r *http.Request) bool {
+	info, ok := request.RequestInfoFrom(r.Context())
+	return ok && (info.Verb == "watch" || (info.Verb == "get" && info.Subresource == "log"))
+}
+
 // withBodyDeadline gives the body of a request that is not long-running
 // (nor an upgrade) lim.RequestBodyTimeout to arrive: a client that holds
 // the last bytes of a body back has its request failed, instead of holding
