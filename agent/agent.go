@@ -184,7 +184,7 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 
 // buildHandler assembles the request path once, at start-up.
 func (a *Agent) buildHandler() http.Handler {
-	lim := a.cfg.Limits
+	readOnly, mutating := a.cfg.Limits.withDefaults().inFlightShares()
 	var observe func(*http.Response)
 	if a.cache != nil {
 		observe = a.cache.ObserveWrite
@@ -192,20 +192,32 @@ func (a *Agent) buildHandler() http.Handler {
 	// In degraded mode nothing is forwarded: each request fails fast
 	// (degraded.go), before it takes an in-flight slot.
 	forward := a.metrics.instrument("forward", a.failFastWhenDegraded(
-		a.limitInFlight("forward", newForwarder(a.up, observe), lim.MaxRequestsInFlight, lim.MaxMutatingRequestsInFlight)))
+		a.limitInFlight("forward", newForwarder(a.up, observe), readOnly, mutating)))
 	if a.cache != nil {
 		// Covered reads of authorized callers are answered from the cache;
 		// everything else goes to forward unchanged.
-		// Cached reads have an in-flight bound of their own, so a slow
-		// upstream holding forwarded reads cannot starve them.
-		forward = a.cache.Handler(forward, func(h http.Handler) http.Handler {
-			return a.metrics.instrument("cache", a.audit.Wrap(a.limitInFlight("cache", h, lim.MaxRequestsInFlight, 0)))
-		})
+		forward = a.cache.Handler(forward, a.cacheHit)
 	}
+	return a.front(forward)
+}
+
+// cacheHit wraps the handler of the reads the cache answers. Cached reads
+// have an in-flight bound of their own, so a slow upstream holding
+// forwarded reads cannot starve them.
+func (a *Agent) cacheHit(h http.Handler) http.Handler {
+	readOnly, _ := a.cfg.Limits.withDefaults().inFlightShares()
+	return a.metrics.instrument("cache", a.audit.Wrap(a.limitInFlight("cache", h, readOnly, noLimit)))
+}
+
+// front is what every request passes before h, which answers it from the
+// cache or forwards it.
+func (a *Agent) front(h http.Handler) http.Handler {
+	lim := a.cfg.Limits.withDefaults()
 	// Every request, cached or forwarded, counts against the long-running
-	// bounds if it is long-running, and gets a deadline for its body if
-	// it is not.
-	forward = a.limitLongRunning(withBodyDeadline(forward, lim.withDefaults().RequestBodyTimeout))
+	// bounds if it is long-running, and gets deadlines for its body and
+	// its answer if it is not. Long-running requests whose body
+	// kube-apiserver ignores have it dropped.
+	h = withoutIgnoredBody(a.limitLongRunning(withBodyDeadline(a.withRequestTimeout(h, lim.RequestTimeout), lim.RequestBodyTimeout)))
 	// Callers with a TLS client certificate are handed to kube-apiserver
 	// before anything else sees their requests (clientcert.go).
 	if a.clientCerts == nil {
@@ -222,7 +234,7 @@ func (a *Agent) buildHandler() http.Handler {
 		if a.degradedNow() {
 			r = r.WithContext(apicache.WithDegraded(r.Context()))
 		}
-		forward.ServeHTTP(w, r)
+		h.ServeHTTP(w, r)
 	}))))
 }
 
@@ -398,8 +410,10 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	srv := newServer(a.handler, probingCert{certSource: a.cert, probes: a.probes}, a.cfg.Limits)
 	srv.ErrorLog = newServerErrorLog(logger)
 	srv.ConnState = a.metrics.trackConn
+	// One set of connection bounds for the node, across the listeners.
+	conns := newConnLimiter(a.cfg.Limits, a.metrics, logger)
 	for _, l := range ls {
-		go func() { serveErr <- srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
+		go func() { serveErr <- srv.Serve(tls.NewListener(conns.listener(l), srv.TLSConfig)) }()
 	}
 
 	// The background loops stop before shutdown touches the dataplanes.

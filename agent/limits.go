@@ -7,8 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,14 +17,16 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/server/filters"
+	"k8s.io/klog/v2"
 
+	"github.com/kube-apicache/kube-apicache/agent/fairshare"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/cache/access"
 )
 
-// Limits bound what clients can make the agent hold: connections that never
-// finish their headers, oversized headers, HTTP/2 streams and buffers, and
-// requests in flight. The defaults are kube-apiserver's own secure-serving
+// Limits bound what clients can make the agent hold: connections, those
+// that never finish their headers or send no request, oversized headers,
+// HTTP/2 streams and buffers, and requests in flight. The defaults are kube-apiserver's own secure-serving
 // and max-in-flight defaults, so a pod meets the same front door through the
 // agent as without it.
 //
@@ -40,6 +42,21 @@ type Limits struct {
 	// get 431 Request Header Fields Too Large.
 	MaxHeaderBytes int
 
+	// Client connections are shared among sources (client IPs) as package
+	// fairshare says: every source may always have
+	// GuaranteedConnectionsPerSource open; above that it draws on a pool of
+	// MaxConnections shared by all sources, up to MaxConnectionsPerSource
+	// in all. A connection past either bound is closed as soon as it is
+	// accepted. Zero means the default; negative means no bound (no
+	// guaranteed share).
+	MaxConnections                 int
+	MaxConnectionsPerSource        int
+	GuaranteedConnectionsPerSource int
+	// FirstRequestTimeout closes a connection that has not sent the
+	// headers of a first request (TLS handshake included) within it from
+	// its accept. Zero means the default.
+	FirstRequestTimeout time.Duration
+
 	// HTTP2MaxStreams is the number of concurrent streams one HTTP/2
 	// connection may have open.
 	HTTP2MaxStreams int
@@ -49,22 +66,48 @@ type Limits struct {
 	// the agent buffers) per stream; the per-connection window is this
 	// times HTTP2MaxStreams.
 	HTTP2MaxStreamBuffer int
+	// HTTP2MaxUpstreamStreamBuffer is the flow-control window per stream
+	// towards kube-apiserver: how much of an answer the agent reads ahead
+	// of its client. An answer the client does not read holds that much
+	// until the request timeout; a larger window is faster on a path of
+	// long round trips (a stream moves at most a window per round trip).
+	HTTP2MaxUpstreamStreamBuffer int
 
 	// MaxRequestsInFlight bounds the non-mutating requests (get, list)
-	// being served at once; MaxMutatingRequestsInFlight the others. Above
-	// either bound the request gets 429 with Retry-After. Long-running
-	// requests (watches, exec, attach, port-forward, proxy, logs) are not
-	// counted.
-	MaxRequestsInFlight         int
-	MaxMutatingRequestsInFlight int
+	// being served at once; MaxMutatingRequestsInFlight the others. Each
+	// is shared among sources (client IPs) as package fairshare says:
+	// every source may always have GuaranteedRequestsInFlightPerSource of
+	// either kind in flight; above that it draws on the bound, shared by
+	// all sources, up to MaxRequestsInFlightPerSource (or
+	// MaxMutatingRequestsInFlightPerSource) in all. Past either the
+	// request gets 429 with Retry-After. Long-running requests (watches,
+	// exec, attach, port-forward, proxy, logs) are not counted. A zero
+	// bound of a kind means no bound of that kind at all; a zero per-source
+	// or guaranteed share the default, a negative one none.
+	MaxRequestsInFlight                  int
+	MaxMutatingRequestsInFlight          int
+	MaxRequestsInFlightPerSource         int
+	MaxMutatingRequestsInFlightPerSource int
+	GuaranteedRequestsInFlightPerSource  int
+	// RequestTimeout is how long the answer to a request that is not
+	// long-running may take, from its arrival to its last byte written:
+	// kube-apiserver's --request-timeout. A client that does not read its
+	// answer has it ended then (its HTTP/2 stream reset, its HTTP/1.1
+	// connection closed), which frees the request's in-flight slot. Zero
+	// means the default.
+	RequestTimeout time.Duration
 
-	// MaxLongRunningRequests bounds the long-running requests (watches,
-	// exec, attach, port-forward, proxy, logs) open through the agent at
-	// once, and MaxLongRunningRequestsPerSource those of one source (a
-	// client IP). Above either the request gets 429 with Retry-After. Zero
-	// means the default; negative means no bound.
-	MaxLongRunningRequests          int
-	MaxLongRunningRequestsPerSource int
+	// Long-running requests (watches, exec, attach, port-forward, proxy,
+	// logs) are shared among sources (client IPs) as package fairshare
+	// says: every source may always have
+	// GuaranteedLongRunningRequestsPerSource open; above that it draws on
+	// a pool of MaxLongRunningRequests shared by all sources, up to
+	// MaxLongRunningRequestsPerSource in all. A request past either bound
+	// gets 429 with Retry-After. Zero means the default; negative means no
+	// bound (no guaranteed share).
+	MaxLongRunningRequests                 int
+	MaxLongRunningRequestsPerSource        int
+	GuaranteedLongRunningRequestsPerSource int
 	// MaxCacheRequestsPerSource bounds the requests of one source the
 	// cache reviews or waits for a resourceVersion for at once; past it
 	// the source's reads are forwarded. Zero means the default; negative
@@ -115,21 +158,47 @@ type Limits struct {
 
 // Defaults, as kube-apiserver serves.
 const (
-	DefaultReadHeaderTimeout           = 32 * time.Second
-	DefaultIdleTimeout                 = 90 * time.Second
-	DefaultMaxHeaderBytes              = 1 << 20
-	DefaultHTTP2MaxStreams             = 100
-	DefaultHTTP2MaxFrameSize           = 256 << 10
-	DefaultHTTP2MaxStreamBuffer        = 256 << 10
-	DefaultMaxRequestsInFlight         = 400
-	DefaultMaxMutatingRequestsInFlight = 200
+	DefaultReadHeaderTimeout    = 32 * time.Second
+	DefaultIdleTimeout          = 90 * time.Second
+	DefaultMaxHeaderBytes       = 1 << 20
+	DefaultHTTP2MaxStreams      = 100
+	DefaultHTTP2MaxFrameSize    = 256 << 10
+	DefaultHTTP2MaxStreamBuffer = 256 << 10
+	// kube-apiserver's own window per stream, as above, rather than Go's
+	// 4 MiB: 1 GB/s per stream at a round trip of 0.25 ms, 128 MB/s at
+	// 2 ms.
+	DefaultHTTP2MaxUpstreamStreamBuffer = 256 << 10
+	DefaultMaxRequestsInFlight          = 400
+	DefaultMaxMutatingRequestsInFlight  = 200
+	DefaultRequestTimeout               = time.Minute
 )
 
 // Defaults of the bounds kube-apiserver has no counterpart of: they are
 // what one node's pods need, with room to spare.
 const (
-	// A node of 110 pods holding a dozen watches each.
-	DefaultMaxLongRunningRequests = 2000
+	// An idle connection costs about 35 KiB. A node holds at most
+	// 1000 + 110 x 8 = 1880 (64 MiB); one source 300 (10 MiB), enough for
+	// an HTTP/1.1 client (a connection per watch) at its bound of
+	// long-running requests with requests beside them.
+	DefaultMaxConnections                 = 1000
+	DefaultMaxConnectionsPerSource        = 300
+	DefaultGuaranteedConnectionsPerSource = 8
+	// Clients connect when they have a request to send.
+	DefaultFirstRequestTimeout = 10 * time.Second
+	// A quarter of the node's bound: it takes four sources at their own
+	// bound to use up the shared pool, and every pod may have a few
+	// requests in flight whatever the others do (kube-apiserver confines
+	// a flow to its own priority-and-fairness share). A node of 110 pods
+	// serves at most 400 + 110 x 8 non-mutating requests per path.
+	DefaultMaxRequestsInFlightPerSource         = 100
+	DefaultMaxMutatingRequestsInFlightPerSource = 50
+	DefaultGuaranteedRequestsInFlightPerSource  = 8
+	// Every pod of a node (the kubelet's 110 by default) may hold a few
+	// watches whatever the others do; the pool beyond that serves four
+	// sources at their bound at once. A full node holds at most 1000 +
+	// 110 x 8 = 1880, below the 2000 of one pool before.
+	DefaultMaxLongRunningRequests                 = 1000
+	DefaultGuaranteedLongRunningRequestsPerSource = 8
 	// A controller with a watch per resource type of a large cluster.
 	DefaultMaxLongRunningRequestsPerSource = 250
 	// kube-apiserver's --request-timeout.
@@ -139,32 +208,44 @@ const (
 // DefaultLimits returns the limits the command line starts from.
 func DefaultLimits() Limits {
 	return Limits{
-		ReadHeaderTimeout:           DefaultReadHeaderTimeout,
-		IdleTimeout:                 DefaultIdleTimeout,
-		MaxHeaderBytes:              DefaultMaxHeaderBytes,
-		HTTP2MaxStreams:             DefaultHTTP2MaxStreams,
-		HTTP2MaxFrameSize:           DefaultHTTP2MaxFrameSize,
-		HTTP2MaxStreamBuffer:        DefaultHTTP2MaxStreamBuffer,
-		MaxRequestsInFlight:         DefaultMaxRequestsInFlight,
-		MaxMutatingRequestsInFlight: DefaultMaxMutatingRequestsInFlight,
+		ReadHeaderTimeout:            DefaultReadHeaderTimeout,
+		IdleTimeout:                  DefaultIdleTimeout,
+		MaxHeaderBytes:               DefaultMaxHeaderBytes,
+		HTTP2MaxStreams:              DefaultHTTP2MaxStreams,
+		HTTP2MaxFrameSize:            DefaultHTTP2MaxFrameSize,
+		HTTP2MaxStreamBuffer:         DefaultHTTP2MaxStreamBuffer,
+		HTTP2MaxUpstreamStreamBuffer: DefaultHTTP2MaxUpstreamStreamBuffer,
+		MaxRequestsInFlight:          DefaultMaxRequestsInFlight,
+		MaxMutatingRequestsInFlight:  DefaultMaxMutatingRequestsInFlight,
 
-		MaxLongRunningRequests:          DefaultMaxLongRunningRequests,
-		MaxLongRunningRequestsPerSource: DefaultMaxLongRunningRequestsPerSource,
-		MaxCacheRequestsPerSource:       apicache.DefaultMaxInFlightPerSource,
-		RequestBodyTimeout:              DefaultRequestBodyTimeout,
-		MaxBufferedBodyBytes:            DefaultMaxBufferedBodyBytes,
-		ReviewQPS:                       access.DefaultReviewQPS,
-		ReviewBurst:                     access.DefaultReviewBurst,
-		ReviewQPSPerSource:              access.DefaultSourceReviewQPS,
-		ReviewBurstPerSource:            access.DefaultSourceReviewBurst,
-		ReviewQPSUnverified:             access.DefaultUnverifiedReviewQPS,
-		ReviewBurstUnverified:           access.DefaultUnverifiedReviewBurst,
-		ReviewQPSReserved:               access.DefaultReservedReviewQPS,
-		ReviewBurstReserved:             access.DefaultReservedReviewBurst,
-		ProbeObjectsPerSecond:           apicache.DefaultProbeObjectsPerSecond,
-		ProbeObjectsBurst:               apicache.DefaultProbeBurst,
-		ProbeObjectsPerSecondPerSource:  apicache.DefaultProbeObjectsPerSecondPerSource,
-		ProbeObjectsBurstPerSource:      apicache.DefaultProbeBurstPerSource,
+		MaxConnections:                 DefaultMaxConnections,
+		MaxConnectionsPerSource:        DefaultMaxConnectionsPerSource,
+		GuaranteedConnectionsPerSource: DefaultGuaranteedConnectionsPerSource,
+		FirstRequestTimeout:            DefaultFirstRequestTimeout,
+
+		MaxRequestsInFlightPerSource:         DefaultMaxRequestsInFlightPerSource,
+		MaxMutatingRequestsInFlightPerSource: DefaultMaxMutatingRequestsInFlightPerSource,
+		GuaranteedRequestsInFlightPerSource:  DefaultGuaranteedRequestsInFlightPerSource,
+		RequestTimeout:                       DefaultRequestTimeout,
+
+		MaxLongRunningRequests:                 DefaultMaxLongRunningRequests,
+		MaxLongRunningRequestsPerSource:        DefaultMaxLongRunningRequestsPerSource,
+		GuaranteedLongRunningRequestsPerSource: DefaultGuaranteedLongRunningRequestsPerSource,
+		MaxCacheRequestsPerSource:              apicache.DefaultMaxInFlightPerSource,
+		RequestBodyTimeout:                     DefaultRequestBodyTimeout,
+		MaxBufferedBodyBytes:                   DefaultMaxBufferedBodyBytes,
+		ReviewQPS:                              access.DefaultReviewQPS,
+		ReviewBurst:                            access.DefaultReviewBurst,
+		ReviewQPSPerSource:                     access.DefaultSourceReviewQPS,
+		ReviewBurstPerSource:                   access.DefaultSourceReviewBurst,
+		ReviewQPSUnverified:                    access.DefaultUnverifiedReviewQPS,
+		ReviewBurstUnverified:                  access.DefaultUnverifiedReviewBurst,
+		ReviewQPSReserved:                      access.DefaultReservedReviewQPS,
+		ReviewBurstReserved:                    access.DefaultReservedReviewBurst,
+		ProbeObjectsPerSecond:                  apicache.DefaultProbeObjectsPerSecond,
+		ProbeObjectsBurst:                      apicache.DefaultProbeBurst,
+		ProbeObjectsPerSecondPerSource:         apicache.DefaultProbeObjectsPerSecondPerSource,
+		ProbeObjectsBurstPerSource:             apicache.DefaultProbeBurstPerSource,
 	}
 }
 
@@ -173,13 +254,23 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", l.ReadHeaderTimeout, "Close connections whose request headers take longer than this to arrive.")
 	fs.DurationVar(&l.IdleTimeout, "idle-timeout", l.IdleTimeout, "Close keep-alive connections idle this long.")
 	fs.IntVar(&l.MaxHeaderBytes, "max-header-bytes", l.MaxHeaderBytes, "Largest request line plus headers accepted; larger requests get 431.")
+	fs.IntVar(&l.MaxConnections, "max-connections", l.MaxConnections, "Client connections open at once beyond the client IPs' guaranteed shares: the pool all clients draw on above --guaranteed-connections-per-source; a connection past it is closed as soon as it is accepted. A node holds at most this plus the guaranteed share of each of its pods. Negative means no limit.")
+	fs.IntVar(&l.MaxConnectionsPerSource, "max-connections-per-source", l.MaxConnectionsPerSource, "Connections one client IP may have open at once, its guaranteed share included; past it a connection is closed as soon as it is accepted (host-network pods share the node's IP). HTTP/2 clients need one or two; HTTP/1.1 clients one per watch or request in flight. Negative means no limit.")
+	fs.IntVar(&l.GuaranteedConnectionsPerSource, "guaranteed-connections-per-source", l.GuaranteedConnectionsPerSource, "Connections every client IP may have open whatever the others hold. Negative means none.")
+	fs.DurationVar(&l.FirstRequestTimeout, "first-request-timeout", l.FirstRequestTimeout, "Close connections that have not sent the headers of a first request (TLS handshake included) this long after they were accepted.")
 	fs.IntVar(&l.HTTP2MaxStreams, "http2-max-streams-per-connection", l.HTTP2MaxStreams, "Concurrent streams allowed on one HTTP/2 connection.")
 	fs.IntVar(&l.HTTP2MaxFrameSize, "http2-max-frame-size", l.HTTP2MaxFrameSize, "Largest HTTP/2 frame read from clients (16384 to 16777215).")
 	fs.IntVar(&l.HTTP2MaxStreamBuffer, "http2-max-stream-buffer", l.HTTP2MaxStreamBuffer, "HTTP/2 receive window per stream; the connection window is this times --http2-max-streams-per-connection.")
-	fs.IntVar(&l.MaxRequestsInFlight, "max-requests-inflight", l.MaxRequestsInFlight, "Non-mutating requests (get, list) served at once before 429, per path: the cache and the forwarding path each have this many (so up to twice it in all). Watches and other long-running requests are not counted. 0 means no limit.")
-	fs.IntVar(&l.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", l.MaxMutatingRequestsInFlight, "Mutating requests forwarded at once before 429. 0 means no limit.")
-	fs.IntVar(&l.MaxLongRunningRequests, "max-long-running-requests", l.MaxLongRunningRequests, "Long-running requests (watches, exec, attach, port-forward, proxy, logs) open at once before 429. Negative means no limit.")
-	fs.IntVar(&l.MaxLongRunningRequestsPerSource, "max-long-running-requests-per-source", l.MaxLongRunningRequestsPerSource, "Long-running requests one client IP may have open at once before 429 (host-network pods share the node's IP). Negative means no limit.")
+	fs.IntVar(&l.HTTP2MaxUpstreamStreamBuffer, "http2-max-upstream-stream-buffer", l.HTTP2MaxUpstreamStreamBuffer, "HTTP/2 receive window per stream towards kube-apiserver: how much of an answer is read ahead of its client, and so held by an answer the client does not read until --request-timeout. A stream moves at most this much per round trip to kube-apiserver.")
+	fs.IntVar(&l.MaxRequestsInFlight, "max-requests-inflight", l.MaxRequestsInFlight, "Non-mutating requests (get, list) served at once beyond the client IPs' guaranteed shares before 429, per path: the cache and the forwarding path each have this many (so up to twice it in all). All clients draw on it above --guaranteed-requests-inflight-per-source. Watches and other long-running requests are not counted. 0 means no limit, in total or per client IP.")
+	fs.IntVar(&l.MaxMutatingRequestsInFlight, "max-mutating-requests-inflight", l.MaxMutatingRequestsInFlight, "Mutating requests forwarded at once beyond the client IPs' guaranteed shares before 429. 0 means no limit, in total or per client IP.")
+	fs.IntVar(&l.MaxRequestsInFlightPerSource, "max-requests-inflight-per-source", l.MaxRequestsInFlightPerSource, "Non-mutating requests of one client IP served at once before 429, per path, its guaranteed share included (host-network pods share the node's IP). Negative means no limit.")
+	fs.IntVar(&l.MaxMutatingRequestsInFlightPerSource, "max-mutating-requests-inflight-per-source", l.MaxMutatingRequestsInFlightPerSource, "Mutating requests of one client IP forwarded at once before 429, its guaranteed share included. Negative means no limit.")
+	fs.IntVar(&l.GuaranteedRequestsInFlightPerSource, "guaranteed-requests-inflight-per-source", l.GuaranteedRequestsInFlightPerSource, "Requests of each kind (non-mutating per path, mutating) every client IP may have in flight whatever the others hold: other pods can never make these get 429. Negative means none.")
+	fs.DurationVar(&l.RequestTimeout, "request-timeout", l.RequestTimeout, "How long the answer to a request that is not long-running may take, from its arrival to its last byte: an answer its client does not read is ended then (its HTTP/2 stream reset, its HTTP/1.1 connection closed) and its in-flight slot freed, as kube-apiserver's --request-timeout does.")
+	fs.IntVar(&l.MaxLongRunningRequests, "max-long-running-requests", l.MaxLongRunningRequests, "Long-running requests (watches, exec, attach, port-forward, proxy, logs) open at once beyond the client IPs' guaranteed shares: the pool all clients draw on above --guaranteed-long-running-requests-per-source; past it they get 429. A node holds at most this plus the guaranteed share of each of its pods. Negative means no limit.")
+	fs.IntVar(&l.MaxLongRunningRequestsPerSource, "max-long-running-requests-per-source", l.MaxLongRunningRequestsPerSource, "Long-running requests one client IP may have open at once before 429, its guaranteed share included (host-network pods share the node's IP). Negative means no limit.")
+	fs.IntVar(&l.GuaranteedLongRunningRequestsPerSource, "guaranteed-long-running-requests-per-source", l.GuaranteedLongRunningRequestsPerSource, "Long-running requests every client IP may have open whatever the others hold: other pods can never make these get 429. Negative means none.")
 	fs.IntVar(&l.MaxCacheRequestsPerSource, "max-cache-requests-per-source", l.MaxCacheRequestsPerSource, "Reads of one client IP the cache reviews, or waits for a resourceVersion for, at once; past it that client's reads are forwarded. Negative means no limit.")
 	fs.DurationVar(&l.RequestBodyTimeout, "request-body-timeout", l.RequestBodyTimeout, "How long the body of a request that is not long-running may take to arrive.")
 	fs.IntVar(&l.MaxBufferedBodyBytes, "max-buffered-body-bytes", l.MaxBufferedBodyBytes, "Request bodies held in memory at once, all requests together, to resend a write to another endpoint; bodies past it are streamed.")
@@ -207,18 +298,24 @@ func (l *Limits) Validate() error {
 		return errors.New("--idle-timeout must not be negative")
 	case l.MaxHeaderBytes < 0:
 		return errors.New("--max-header-bytes must not be negative")
+	case l.FirstRequestTimeout < 0:
+		return errors.New("--first-request-timeout must not be negative")
 	case l.HTTP2MaxStreams < 0:
 		return errors.New("--http2-max-streams-per-connection must not be negative")
 	case l.HTTP2MaxFrameSize != 0 && (l.HTTP2MaxFrameSize < 16<<10 || l.HTTP2MaxFrameSize > 1<<24-1):
 		return errors.New("--http2-max-frame-size must be between 16384 and 16777215")
 	case l.HTTP2MaxStreamBuffer < 0 || l.HTTP2MaxStreamBuffer > 1<<31-1:
 		return errors.New("--http2-max-stream-buffer must be between 0 and 2147483647")
+	case l.HTTP2MaxUpstreamStreamBuffer < 0 || l.HTTP2MaxUpstreamStreamBuffer > 1<<31-1:
+		return errors.New("--http2-max-upstream-stream-buffer must be between 0 and 2147483647")
 	case l.MaxRequestsInFlight < 0:
 		return errors.New("--max-requests-inflight must not be negative")
 	case l.MaxMutatingRequestsInFlight < 0:
 		return errors.New("--max-mutating-requests-inflight must not be negative")
 	case l.RequestBodyTimeout < 0:
 		return errors.New("--request-body-timeout must not be negative")
+	case l.RequestTimeout < 0:
+		return errors.New("--request-timeout must not be negative")
 	case l.MaxBufferedBodyBytes < 0:
 		return errors.New("--max-buffered-body-bytes must not be negative")
 	case l.ReviewQPS < 0 || l.ReviewQPSPerSource < 0 || l.ReviewQPSUnverified < 0 || l.ReviewQPSReserved < 0:
@@ -238,11 +335,21 @@ func (l Limits) withDefaults() Limits {
 	setDefault(&l.ReadHeaderTimeout, d.ReadHeaderTimeout)
 	setDefault(&l.IdleTimeout, d.IdleTimeout)
 	setDefault(&l.MaxHeaderBytes, d.MaxHeaderBytes)
+	setDefault(&l.MaxConnections, d.MaxConnections)
+	setDefault(&l.MaxConnectionsPerSource, d.MaxConnectionsPerSource)
+	setDefault(&l.GuaranteedConnectionsPerSource, d.GuaranteedConnectionsPerSource)
+	setDefault(&l.FirstRequestTimeout, d.FirstRequestTimeout)
 	setDefault(&l.HTTP2MaxStreams, d.HTTP2MaxStreams)
 	setDefault(&l.HTTP2MaxFrameSize, d.HTTP2MaxFrameSize)
 	setDefault(&l.HTTP2MaxStreamBuffer, d.HTTP2MaxStreamBuffer)
+	setDefault(&l.HTTP2MaxUpstreamStreamBuffer, d.HTTP2MaxUpstreamStreamBuffer)
+	setDefault(&l.MaxRequestsInFlightPerSource, d.MaxRequestsInFlightPerSource)
+	setDefault(&l.MaxMutatingRequestsInFlightPerSource, d.MaxMutatingRequestsInFlightPerSource)
+	setDefault(&l.GuaranteedRequestsInFlightPerSource, d.GuaranteedRequestsInFlightPerSource)
+	setDefault(&l.RequestTimeout, d.RequestTimeout)
 	setDefault(&l.MaxLongRunningRequests, d.MaxLongRunningRequests)
 	setDefault(&l.MaxLongRunningRequestsPerSource, d.MaxLongRunningRequestsPerSource)
+	setDefault(&l.GuaranteedLongRunningRequestsPerSource, d.GuaranteedLongRunningRequestsPerSource)
 	setDefault(&l.MaxCacheRequestsPerSource, d.MaxCacheRequestsPerSource)
 	setDefault(&l.RequestBodyTimeout, d.RequestBodyTimeout)
 	setDefault(&l.MaxBufferedBodyBytes, d.MaxBufferedBodyBytes)
@@ -273,7 +380,10 @@ func (l Limits) probeBudget() apicache.ProbeBudget {
 
 // http2Config is the HTTP/2 half of the limits. The connection window holds
 // a full stream buffer for every stream allowed, as kube-apiserver sizes it,
-// capped at HTTP/2's largest window.
+// capped at HTTP/2's largest window. A connection the client stopped
+// reading from altogether is closed once nothing could be written to it
+// for the request timeout: its streams' write deadlines cannot end them
+// while the connection's writer is stuck in TCP.
 func (l Limits) http2Config() *http.HTTP2Config {
 	l = l.withDefaults()
 	conn := int64(l.HTTP2MaxStreamBuffer) * int64(l.HTTP2MaxStreams)
@@ -285,6 +395,7 @@ func (l Limits) http2Config() *http.HTTP2Config {
 		MaxReadFrameSize:              l.HTTP2MaxFrameSize,
 		MaxReceiveBufferPerStream:     l.HTTP2MaxStreamBuffer,
 		MaxReceiveBufferPerConnection: int(conn),
+		WriteByteTimeout:              l.RequestTimeout,
 	}
 }
 
@@ -296,23 +407,23 @@ var longRunning = filters.BasicLongRunningRequestCheck(
 	sets.NewString("attach", "exec", "proxy", "log", "portforward"),
 )
 
-// limitInFlight bounds the requests h serves at once with kube-apiserver's
-// max-in-flight filter: readOnly get and list requests and mutating ones
-// that are not long-running; 0 means no bound. A request over the bound gets
-// 429 with Retry-After: 1, which client-go honours by retrying, and is
-// counted as rejected under handler. The request must carry its
-// RequestInfo (withRequestInfo).
-func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating int) http.Handler {
-	if readOnly == 0 && mutating == 0 {
+// limitInFlight bounds the requests h serves at once as kube-apiserver's
+// max-in-flight filter does: get and list requests (readOnly) apart from
+// the others (mutating), long-running ones not counted. Unlike that
+// filter it shares each bound among sources (fairshare.Pool): every
+// source may always have its guaranteed share in flight, and only above
+// it draws on the bound shared by all, up to its own. So one source, or a
+// few, cannot take a node's whole budget, as kube-apiserver confines a
+// flow to its own priority-and-fairness share. A request past either
+// bound gets kube-apiserver's 429 with Retry-After: 1, which client-go
+// honours by retrying, and is counted as rejected under handler. The
+// request must carry its RequestInfo (withRequestInfo).
+func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating fairshare.Limits) http.Handler {
+	if readOnly.Unbounded() && mutating.Unbounded() {
 		return h
 	}
-	admitted := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if served, ok := r.Context().Value(admittedKey{}).(*bool); ok {
-			*served = true
-		}
-		h.ServeHTTP(w, r)
-	})
-	limited := filters.WithMaxInFlightLimit(admitted, readOnly, mutating, longRunning)
+	pools := map[string]*fairshare.Pool{"readOnly": fairshare.New(readOnly), "mutating": fairshare.New(mutating)}
+	refusals := newThrottledLog("Requests refused: too many in flight", handler)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, ok := request.RequestInfoFrom(r.Context())
 		if !ok {
@@ -321,22 +432,54 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 			info = &request.RequestInfo{Path: r.URL.Path, Verb: strings.ToLower(r.Method)}
 			r = r.WithContext(request.WithRequestInfo(r.Context(), info))
 		}
-		var served bool
-		r = r.WithContext(context.WithValue(r.Context(), admittedKey{}, &served))
-		limited.ServeHTTP(w, r)
-		if !served {
-			kind := "mutating"
-			if info.Verb == "get" || info.Verb == "list" || info.Verb == "watch" {
-				kind = "readOnly"
-			}
-			a.metrics.rejected.WithLabelValues(handler, kind).Inc()
+		if longRunning(r, info) {
+			h.ServeHTTP(w, r)
+			return
 		}
+		kind := "mutating"
+		if info.Verb == "get" || info.Verb == "list" || info.Verb == "watch" {
+			kind = "readOnly"
+		}
+		pool := pools[kind]
+		if pool.Limits().Unbounded() {
+			h.ServeHTTP(w, r)
+			return
+		}
+		src := sourceOf(r.RemoteAddr)
+		release, refused := pool.Acquire(src)
+		if refused != "" {
+			a.metrics.rejected.WithLabelValues(handler, kind, string(refused)).Inc()
+			refusals.log(klog.FromContext(r.Context()), "source", src, "kind", kind, "reason", refused)
+			// kube-apiserver's answer (filters.WithMaxInFlightLimit).
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "Too many requests, please try again later.", http.StatusTooManyRequests)
+			return
+		}
+		gauge := a.metrics.inFlight.WithLabelValues(handler, kind)
+		gauge.Inc()
+		defer func() {
+			release()
+			gauge.Dec()
+		}()
+		h.ServeHTTP(w, r)
 	})
 }
 
-// admittedKey marks, in a request's context, whether the max-in-flight
-// filter let it through.
-type admittedKey struct{}
+// inFlightShares are how non-mutating and mutating requests in flight are
+// shared among sources. l must have its defaults.
+func (l Limits) inFlightShares() (readOnly, mutating fairshare.Limits) {
+	share := func(shared, perSource int) fairshare.Limits {
+		if shared == 0 {
+			return fairshare.Limits{PerSource: -1, Shared: -1}
+		}
+		return fairshare.Limits{Guaranteed: l.GuaranteedRequestsInFlightPerSource, PerSource: perSource, Shared: shared}
+	}
+	return share(l.MaxRequestsInFlight, l.MaxRequestsInFlightPerSource),
+		share(l.MaxMutatingRequestsInFlight, l.MaxMutatingRequestsInFlightPerSource)
+}
+
+// noLimit bounds nothing.
+var noLimit = fairshare.Limits{PerSource: -1, Shared: -1}
 
 // trackConn counts the client connections the server holds open; it is the
 // server's ConnState hook.
@@ -350,52 +493,135 @@ func (m *metrics) trackConn(_ net.Conn, state http.ConnState) {
 }
 
 // limitLongRunning bounds the long-running requests open at once through
-// h, in total and per source (client IP), without waiting: a request past
-// either bound gets 429 with Retry-After: 1, which client-go's watches and
-// kubectl retry. kube-apiserver's own in-flight limits leave these
-// requests out, since each may stay open for hours; here each holds a
-// goroutine, buffers and an upstream stream, so they are bounded
-// separately. The request must carry its RequestInfo.
+// h, shared fairly among sources (client IPs, fairshare.Pool), without
+// waiting: a request past its source's bound, or past its guaranteed share
+// with the shared pool used up, gets 429 with Retry-After: 1, which
+// client-go's watches and kubectl retry. kube-apiserver's own in-flight
+// limits leave these requests out, since each may stay open for hours;
+// here each holds a goroutine, buffers and an upstream stream, so they are
+// bounded separately. The request must carry its RequestInfo.
 func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
-	lim := a.cfg.Limits.withDefaults()
-	total, perSource := lim.MaxLongRunningRequests, lim.MaxLongRunningRequestsPerSource
-	if total < 0 && perSource < 0 {
+	lim := a.cfg.Limits.withDefaults().longRunningShare()
+	if lim.Unbounded() {
 		return h
 	}
-	var mu sync.Mutex // protects the fields below
-	open := 0
-	bySource := map[string]int{}
+	pool := fairshare.New(lim)
+	refusals := newThrottledLog("Requests refused: too many long-running", "long-running")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, ok := request.RequestInfoFrom(r.Context())
 		if !ok || !longRunning(r, info) {
 			h.ServeHTTP(w, r)
 			return
 		}
-		src, _, err := net.SplitHostPort(r.RemoteAddr)
-		if err != nil {
-			src = r.RemoteAddr
-		}
-		mu.Lock()
-		if (total >= 0 && open >= total) || (perSource >= 0 && bySource[src] >= perSource) {
-			mu.Unlock()
-			a.metrics.rejected.WithLabelValues("long-running", "long-running").Inc()
+		src := sourceOf(r.RemoteAddr)
+		release, refused := pool.Acquire(src)
+		if refused != "" {
+			a.metrics.rejected.WithLabelValues("long-running", "long-running", string(refused)).Inc()
+			refusals.log(klog.FromContext(r.Context()), "source", src, "reason", refused)
 			w.Header().Set("Retry-After", "1")
 			writeStatus(w, r, apierrors.NewTooManyRequests("too many long-running requests through the node-local API proxy, please try again later", 1))
 			return
 		}
-		open++
-		bySource[src]++
-		mu.Unlock()
+		gauge := a.metrics.inFlight.WithLabelValues("long-running", "long-running")
+		gauge.Inc()
 		defer func() {
-			mu.Lock()
-			open--
-			if bySource[src]--; bySource[src] <= 0 {
-				delete(bySource, src)
-			}
-			mu.Unlock()
+			release()
+			gauge.Dec()
 		}()
 		h.ServeHTTP(w, r)
 	})
+}
+
+// longRunningShare is how long-running requests are shared among sources.
+// l must have its defaults.
+func (l Limits) longRunningShare() fairshare.Limits {
+	return fairshare.Limits{
+		Guaranteed: l.GuaranteedLongRunningRequestsPerSource,
+		PerSource:  l.MaxLongRunningRequestsPerSource,
+		Shared:     l.MaxLongRunningRequests,
+	}
+}
+
+// sourceOf returns the source of a request or connection from its remote
+// address: the client IP, which is one pod (host-network pods all share
+// the node's).
+func sourceOf(remoteAddr string) string {
+	if ap, err := netip.ParseAddrPort(remoteAddr); err == nil {
+		return ap.Addr().Unmap().String()
+	}
+	if host, _, err := net.SplitHostPort(remoteAddr); err == nil {
+		return host
+	}
+	return remoteAddr
+}
+
+// withRequestTimeout gives the answer to a request that is not
+// long-running (nor an upgrade) until timeout after its arrival to be
+// written, as kube-apiserver's --request-timeout does: a client that does
+// not read it has its HTTP/2 stream reset, or its HTTP/1.1 connection
+// closed, at that deadline, which ends the handler's writes and so frees
+// the in-flight slot the request holds. Without it, an answer never read
+// holds its slot for as long as the client keeps its connection. (net/http
+// lifts an HTTP/1.1 connection's write deadline after each request, so the
+// next request on it starts without one.)
+func (a *Agent) withRequestTimeout(h http.Handler, timeout time.Duration) http.Handler {
+	timeouts := newThrottledLog("Ended answers not written within the request timeout", "")
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isUpgrade(r) || isLongRunning(r) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		deadline := time.Now().Add(timeout)
+		if http.NewResponseController(w).SetWriteDeadline(deadline) != nil {
+			h.ServeHTTP(w, r)
+			return
+		}
+		// Deferred: the forwarder ends a failed answer by panicking with
+		// http.ErrAbortHandler.
+		defer func() {
+			if !time.Now().Before(deadline) {
+				a.metrics.requestTimeouts.Inc()
+				timeouts.log(klog.FromContext(r.Context()), "source", sourceOf(r.RemoteAddr), "method", r.Method, "path", r.URL.Path, "timeout", timeout)
+			}
+		}()
+		h.ServeHTTP(w, r)
+	})
+}
+
+// withoutIgnoredBody drops the body of a request whose body kube-apiserver
+// never reads, a watch or a get of a pod's log, which may stay open for
+// hours. kube-apiserver serves such a request as if it had no body, and so
+// does the agent, but without holding the body meanwhile: HTTP/2 buffers up
+// to a stream's window of it (256 KiB), which neither the cache nor
+// kube-apiserver would ever read. Over HTTP/2 the body is closed at once,
+// which makes net/http drop what it holds of it and discard what follows
+// (a client can send no more than one window). It is never forwarded.
+// Over HTTP/1.1 net/http itself reads at most 256 KiB of a body left
+// unread before the answer starts, and closes the connection after the
+// answer if more is left; the body is not closed here, since closing it
+// would wait for those bytes. The request must carry its RequestInfo.
+func withoutIgnoredBody(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Body == nil || r.Body == http.NoBody || !bodyIgnored(r) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		if r.ProtoMajor == 2 {
+			_ = r.Body.Close()
+		}
+		r = r.Clone(r.Context())
+		r.Body, r.ContentLength = http.NoBody, 0
+		r.Header.Del("Content-Length")
+		r.Header.Del("Transfer-Encoding")
+		h.ServeHTTP(w, r)
+	})
+}
+
+// bodyIgnored reports whether kube-apiserver ignores r's body: r is a
+// watch, or a get of a log, both long-running.
+func bodyIgnored(r *http.Request) bool {
+	info, ok := request.RequestInfoFrom(r.Context())
+	return ok && (info.Verb == "watch" || (info.Verb == "get" && info.Subresource == "log"))
 }
 
 // withBodyDeadline gives the body of a request that is not long-running

@@ -10,13 +10,17 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"net/url"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -28,6 +32,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/h2test"
@@ -73,12 +78,14 @@ func (s *staticCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, err
 func (s *staticCert) Ready() error        { return nil }
 func (s *staticCert) Run(context.Context) {}
 
-// testServer is newServer on a loopback TLS listener.
+// testServer is newServer on a loopback TLS listener with its connection
+// limiter.
 type testServer struct {
-	addr  string
-	cert  *staticCert
-	srv   *http.Server
-	conns *metrics
+	addr    string
+	cert    *staticCert
+	srv     *http.Server
+	conns   *metrics
+	limiter *connLimiter
 }
 
 func startTestServer(t *testing.T, h http.Handler, limits Limits) *testServer {
@@ -92,14 +99,22 @@ func startTestServer(t *testing.T, h http.Handler, limits Limits) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { _ = srv.Serve(tls.NewListener(l, srv.TLSConfig)) }()
+	limiter := newConnLimiter(limits, m, klog.Background())
+	go func() { _ = srv.Serve(tls.NewListener(limiter.listener(l), srv.TLSConfig)) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	return &testServer{addr: l.Addr().String(), cert: cert, srv: srv, conns: m}
+	return &testServer{addr: l.Addr().String(), cert: cert, srv: srv, conns: m, limiter: limiter}
 }
 
 // client returns an HTTP client for the server, over HTTP/2 or HTTP/1.1.
 func (s *testServer) client(h2 bool) *http.Client {
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.cert.pool}, ForceAttemptHTTP2: h2}
+	return s.clientFrom("127.0.0.1", h2)
+}
+
+// clientFrom is client with connections from the loopback address src:
+// another source, as another pod.
+func (s *testServer) clientFrom(src string, h2 bool) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.cert.pool}, ForceAttemptHTTP2: h2, DialContext: d.DialContext}
 	if !h2 {
 		tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
 	}
@@ -109,7 +124,14 @@ func (s *testServer) client(h2 bool) *http.Client {
 // dial opens a raw TLS connection offering protos.
 func (s *testServer) dial(t *testing.T, protos ...string) *tls.Conn {
 	t.Helper()
-	c, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: s.cert.pool, NextProtos: protos})
+	return s.dialFrom(t, "127.0.0.1", protos...)
+}
+
+// dialFrom is dial from the loopback address src.
+func (s *testServer) dialFrom(t *testing.T, src string, protos ...string) *tls.Conn {
+	t.Helper()
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	c, err := tls.DialWithDialer(d, "tcp", s.addr, &tls.Config{RootCAs: s.cert.pool, NextProtos: protos})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -442,6 +464,198 @@ func TestServerRapidReset(t *testing.T) {
 	}
 }
 
+// TestIdleConnections: connections that send nothing after the TLS
+// handshake and the HTTP/2 preface cannot run the agent out of memory nor
+// keep another pod from being served. Given the default limits, when one
+// source opens 8,000 such connections, then only its share is kept (the
+// rest are closed as accepted), the heap and stacks grow by a few MiB, and
+// another pod's requests are answered.
+func TestIdleConnections(t *testing.T) {
+	const attempts = 8000
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","items":[]}`)
+	}))
+	defer upstream.Close()
+	limits := DefaultLimits()
+	// The bounds alone, before the first-request timeout closes anything.
+	limits.FirstRequestTimeout = 5 * time.Minute
+	a := newTestAgentWithLimits(t, upstream, limits)
+	s := startTestServer(t, a.handler, limits)
+	victim := s.clientFrom("127.0.0.2", true)
+	get := func() int {
+		resp, err := victim.Get("https://" + s.addr + "/api/v1/namespaces/a/pods")
+		if err != nil {
+			t.Fatalf("another pod's request: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	get()
+	memBefore, goroutinesBefore := memInUse(), runtime.NumGoroutine()
+
+	// Each connection completes its handshake and the HTTP/2 preface, then
+	// holds only its TCP socket: the client keeps nothing else, so that the
+	// heap measures the agent.
+	var (
+		mu      sync.Mutex
+		open    []net.Conn
+		refused int
+	)
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	cfg := &tls.Config{RootCAs: s.cert.pool, ServerName: "127.0.0.1", NextProtos: []string{"h2"}}
+	work := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for range work {
+				raw, err := net.DialTimeout("tcp", s.addr, 5*time.Second)
+				if err != nil {
+					t.Errorf("dialling: %v", err)
+					return
+				}
+				_ = raw.SetDeadline(time.Now().Add(5 * time.Second))
+				c := tls.Client(raw, cfg)
+				err = c.Handshake()
+				if err == nil {
+					_, err = io.WriteString(c, http2.ClientPreface)
+				}
+				if err == nil {
+					err = http2.NewFramer(c, nil).WriteSettings()
+				}
+				if err == nil {
+					// A refused connection may complete its handshake
+					// before the close reaches it; a byte read tells.
+					_ = raw.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+					var b [1]byte
+					if _, rerr := c.Read(b[:]); rerr != nil && !errors.Is(rerr, os.ErrDeadlineExceeded) {
+						err = rerr
+					}
+				}
+				mu.Lock()
+				if err != nil {
+					raw.Close()
+					refused++
+				} else {
+					_ = raw.SetDeadline(time.Time{})
+					open = append(open, raw)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for range attempts {
+		work <- struct{}{}
+	}
+	close(work)
+	wg.Wait()
+	grown := memInUse() - memBefore
+	goroutines := runtime.NumGoroutine() - goroutinesBefore
+
+	code := get()
+	perConn := 0.0
+	if len(open) > 0 {
+		perConn = float64(grown) / float64(len(open)) / 1024
+	}
+	t.Logf("one source tried %d idle HTTP/2 connections: %d kept, %d closed as accepted (%v by reason per-source); heap and stacks +%.1f MiB (%.1f KiB per kept connection), +%d goroutines; another pod's request: %d",
+		attempts, len(open), refused, testutil.ToFloat64(s.conns.closedConns.WithLabelValues("per-source")), float64(grown)/(1<<20), perConn, goroutines, code)
+	if len(open) > DefaultMaxConnectionsPerSource {
+		t.Errorf("one source holds %d connections, bound is %d", len(open), DefaultMaxConnectionsPerSource)
+	}
+	// A quarter of the DaemonSet's 256 MiB memory limit.
+	if grown > 64<<20 {
+		t.Errorf("%d idle connections of one source grew the heap and stacks by %.1f MiB, want under 64 MiB", len(open), float64(grown)/(1<<20))
+	}
+	if code != http.StatusOK {
+		t.Errorf("another pod's request while one source holds %d connections: %d, want 200", len(open), code)
+	}
+	// Closed connections give their slots back.
+	for _, c := range open {
+		c.Close()
+	}
+	open = nil
+	waitFor(t, func() bool { return s.limiter.pool.Usage().Held <= 1 }, "the closed connections' slots")
+}
+
+// TestConnectionLimits: connections are shared among sources, and a
+// connection without a request is closed at the first-request timeout.
+func TestConnectionLimits(t *testing.T) {
+	const timeout = 2 * time.Second
+	s := startTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+	}), Limits{MaxConnections: 4, MaxConnectionsPerSource: 3, GuaranteedConnectionsPerSource: 1, FirstRequestTimeout: timeout})
+	// connect completes a handshake from src and reports whether the
+	// connection then stays open for a moment.
+	connect := func(src string) (net.Conn, bool) {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := tls.DialWithDialer(d, "tcp", s.addr, &tls.Config{RootCAs: s.cert.pool, NextProtos: []string{"http/1.1"}})
+		if err != nil {
+			return nil, false
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+		var b [1]byte
+		if _, err := c.Read(b[:]); !errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, false
+		}
+		return c, true
+	}
+
+	// Given two sources at their bound of 3, which uses up the shared
+	// pool of 4 beyond their guaranteed connection each, when a third
+	// source connects, then its first connection is kept and its second
+	// closed.
+	for _, src := range []string{"127.0.0.1", "127.0.0.2"} {
+		for i := range 3 {
+			if _, ok := connect(src); !ok {
+				t.Fatalf("connection %d of %s within its bound was closed", i+1, src)
+			}
+		}
+		if _, ok := connect(src); ok {
+			t.Errorf("a fourth connection of %s was kept, bound is 3", src)
+		}
+	}
+	if _, ok := connect("127.0.0.3"); !ok {
+		t.Errorf("another source's guaranteed connection was closed")
+	}
+	if _, ok := connect("127.0.0.3"); ok {
+		t.Errorf("another source's second connection was kept with the shared pool used up")
+	}
+	for reason, want := range map[string]float64{"per-source": 2, "total": 1} {
+		if got := testutil.ToFloat64(s.conns.closedConns.WithLabelValues(reason)); got != want {
+			t.Errorf("connections closed with reason %s: %v, want %v", reason, got, want)
+		}
+	}
+
+	// When the first-request timeout passes, then the connections that
+	// sent no request are closed and their slots given back; one that did
+	// is kept.
+	c := s.clientFrom("127.0.0.4", false)
+	resp, err := c.Get("https://" + s.addr + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	waitFor(t, func() bool { return s.limiter.pool.Usage().Held == 1 }, "the connections without a request to close")
+	if got := testutil.ToFloat64(s.conns.closedConns.WithLabelValues("first-request-timeout")); got != 7 {
+		t.Errorf("connections closed at the first-request timeout: %v, want 7", got)
+	}
+	var reused bool
+	req, _ := http.NewRequest(http.MethodGet, "https://"+s.addr+"/", nil)
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}))
+	if resp, err = c.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if !reused {
+		t.Errorf("a connection that sent a request was closed at the first-request timeout")
+	}
+}
+
 // TestMaxInFlight checks the in-flight bounds: over the bound a short
 // request gets 429 with Retry-After and is counted, while watches are not
 // counted against it.
@@ -459,7 +673,7 @@ func TestMaxInFlight(t *testing.T) {
 		w.WriteHeader(http.StatusOK)
 	}))
 	defer upstream.Close()
-	a := newTestAgentWithLimits(t, upstream, Limits{MaxRequestsInFlight: 2, MaxMutatingRequestsInFlight: 1})
+	a := newTestAgentWithLimits(t, upstream, Limits{MaxRequestsInFlight: 2, MaxMutatingRequestsInFlight: 1, GuaranteedRequestsInFlightPerSource: -1})
 	front := httptest.NewServer(a.handler)
 	defer front.Close()
 
@@ -499,7 +713,7 @@ func TestMaxInFlight(t *testing.T) {
 		if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" {
 			t.Errorf("%s %s over the bound: %d Retry-After=%q, want 429 with Retry-After 1", req.method, req.path, resp.StatusCode, resp.Header.Get("Retry-After"))
 		}
-		if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("forward", req.kind)); got != 1 {
+		if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("forward", req.kind, "total")); got != 1 {
 			t.Errorf("rejected{kind=%s} = %v, want 1", req.kind, got)
 		}
 	}
@@ -522,11 +736,350 @@ func TestMaxInFlight(t *testing.T) {
 	}
 }
 
+// TestNeverReadAnswers: a source that never reads its answers cannot make
+// another pod's request get 429, and each such answer is ended at the
+// request timeout, which frees its slot. Given the default limits, when one
+// source sends the node's whole budget of reads whose answers it never
+// reads, over HTTP/2 connections that grant no flow-control window, then
+// another pod's requests are all answered; the answers that source holds
+// are reset at the request timeout, and so are those of a connection that
+// does not read at all.
+func TestNeverReadAnswers(t *testing.T) {
+	const timeout = 2 * time.Second
+	answer := bytes.Repeat([]byte("x"), 1<<20)
+	for _, tc := range []struct {
+		name, path string
+		// agent returns an agent with limits and its handler, which counts
+		// the requests that reach the answer in served.
+		agent func(t *testing.T, limits Limits, served *atomic.Int32) (*Agent, http.Handler)
+	}{{
+		// GET /openapi/v2, which any ServiceAccount token may read, is
+		// forwarded; its answer is larger than the upstream window.
+		name: "forwarded",
+		path: "/openapi/v2",
+		agent: func(t *testing.T, limits Limits, served *atomic.Int32) (*Agent, http.Handler) {
+			upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/openapi/v2" {
+					served.Add(1)
+					_, _ = w.Write(answer)
+					return
+				}
+				_, _ = io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","items":[]}`)
+			}))
+			upstream.EnableHTTP2 = true
+			upstream.StartTLS()
+			t.Cleanup(upstream.Close)
+			a := newTestAgentWithLimits(t, upstream, limits)
+			return a, a.handler
+		},
+	}, {
+		// A list a tenant with view may read, answered from the cache
+		// (here a stand-in writing shared bytes, as the cache writes its
+		// encodings).
+		name: "cached",
+		path: "/api/v1/namespaces/a/configmaps",
+		agent: func(t *testing.T, limits Limits, served *atomic.Int32) (*Agent, http.Handler) {
+			unused := httptest.NewTLSServer(http.NotFoundHandler())
+			t.Cleanup(unused.Close)
+			a := newTestAgentWithLimits(t, unused, limits)
+			return a, a.front(a.cacheHit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/api/v1/namespaces/a/configmaps" {
+					served.Add(1)
+					_, _ = w.Write(answer)
+					return
+				}
+				_, _ = io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","items":[]}`)
+			})))
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			limits := DefaultLimits()
+			limits.RequestTimeout = timeout
+			var served atomic.Int32
+			a, h := tc.agent(t, limits, &served)
+			s := startTestServer(t, h, limits)
+			victim := s.clientFrom("127.0.0.2", true)
+			get := func(c *http.Client) int {
+				resp, err := c.Get("https://" + s.addr + "/api/v1/namespaces/a/pods")
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				return resp.StatusCode
+			}
+			get(victim)
+			before := memInUse()
+
+			// One source sends the node's whole budget, 100 streams a
+			// connection, each connection once the previous one's are all
+			// answered.
+			token := [][2]string{{"authorization", "Bearer any-service-account"}}
+			var attack []*h2test.Stalled
+			answered := func(c *h2test.Stalled) int {
+				byStatus, _, _ := c.Answers()
+				n := 0
+				for _, k := range byStatus {
+					n += k
+				}
+				return n
+			}
+			for range DefaultMaxRequestsInFlight / 100 {
+				c, err := h2test.Stall(s.dial(t, "h2"), s.addr, tc.path, token, 100, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				attack = append(attack, c)
+				waitFor(t, func() bool { return answered(c) == 100 }, "answers to 100 never-read requests")
+			}
+			admitted, refused := 0, 0
+			for _, c := range attack {
+				byStatus, _, _ := c.Answers()
+				admitted += byStatus[http.StatusOK]
+				refused += byStatus[http.StatusTooManyRequests]
+			}
+			grown := memInUse() - before
+
+			codes := map[int]int{}
+			for range 20 {
+				codes[get(victim)]++
+			}
+			t.Logf("one source holds %d never-read answers of GET %s (%d refused with 429), heap and stacks +%.1f MiB; another pod's 20 requests: %v",
+				admitted, tc.path, refused, float64(grown)/(1<<20), codes)
+			if codes[http.StatusOK] != 20 {
+				t.Errorf("another pod's requests while one source holds %d never-read answers: %v, want 20 of 200", admitted, codes)
+			}
+
+			// At the request timeout every held answer is reset, and its
+			// slot freed.
+			timeouts := func() int { return int(testutil.ToFloat64(a.metrics.requestTimeouts)) }
+			inFlight := func() int {
+				return int(testutil.ToFloat64(a.metrics.inFlight.WithLabelValues(handlerOf(tc.name), "readOnly")))
+			}
+			waitFor(t, func() bool { return inFlight() == 0 }, "the never-read answers to end at the request timeout")
+			if n := timeouts(); n != admitted {
+				t.Errorf("%d answers ended at the request timeout, want the %d held", n, admitted)
+			}
+			waitFor(t, func() bool {
+				for _, c := range attack {
+					if byStatus, reset, _ := c.Answers(); reset != byStatus[http.StatusOK] {
+						return false
+					}
+				}
+				return true
+			}, "the held answers' streams to be reset")
+			if code := get(s.client(true)); code != http.StatusOK {
+				t.Errorf("the source's request after its answers were ended: %d, want 200", code)
+			}
+
+			// A connection that does not read at all stalls the server's
+			// writes in TCP; its answers end at the request timeout all the
+			// same (the few that fit in the socket buffers end before).
+			from := served.Load()
+			start := time.Now()
+			if _, err := h2test.Stall(s.dialFrom(t, "127.0.0.3", "h2"), s.addr, tc.path, token, 100, false); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, func() bool { return served.Load()-from == int32(DefaultMaxRequestsInFlightPerSource) }, "the unread connection's requests answered")
+			waitFor(t, func() bool { return inFlight() == 0 }, "the answers of a connection that does not read to end")
+			t.Logf("a connection that reads nothing had its %d answers ended within %s (request timeout %s)",
+				DefaultMaxRequestsInFlightPerSource, time.Since(start).Round(100*time.Millisecond), timeout)
+		})
+	}
+}
+
+// TestRequestTimeoutSparesWatches: the request timeout does not end a
+// watch. Given a request timeout of 500 ms, when an HTTP/1.1 connection
+// that served a list (with a write deadline) then carries a watch, then the
+// watch streams on past the timeout.
+func TestRequestTimeoutSparesWatches(t *testing.T) {
+	const timeout = 500 * time.Millisecond
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("watch") != "true" {
+			_, _ = io.WriteString(w, `{"kind":"PodList","apiVersion":"v1","items":[]}`)
+			return
+		}
+		for i := range 10 {
+			if _, err := fmt.Fprintf(w, `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"%d"}}}`+"\n", i); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+			time.Sleep(timeout / 4)
+		}
+	}))
+	defer upstream.Close()
+	a := newTestAgentWithLimits(t, upstream, Limits{RequestTimeout: timeout})
+	s := startTestServer(t, a.handler, Limits{})
+	c := s.client(false)
+	c.Transport.(*http.Transport).MaxConnsPerHost = 1
+	resp, err := c.Get("https://" + s.addr + "/api/v1/namespaces/a/pods")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	start := time.Now()
+	resp, err = c.Get("https://" + s.addr + "/api/v1/namespaces/a/pods?watch=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := bytes.Count(b, []byte("\n")); err != nil || n != 10 {
+		t.Errorf("a watch on a connection that served a list: %d events in %s, %v; want all 10 over %s", n, time.Since(start).Round(time.Millisecond), err, 10*timeout/4)
+	}
+}
+
+// TestWatchBodies: the body of a watch is neither held nor forwarded, as
+// kube-apiserver never reads it. Given the default limits, when one source
+// opens 250 watches over HTTP/2, each with a 256 KiB body, then the heap
+// and stacks grow by less than 5 MiB more than for 250 watches without
+// bodies, whether the watches are answered from the cache or forwarded
+// (to an upstream that never reads the body either, as kube-apiserver);
+// the watches are served.
+func TestWatchBodies(t *testing.T) {
+	const watches = 250
+	body := bytes.Repeat([]byte("x"), DefaultHTTP2MaxStreamBuffer)
+	// watch streams one event, then holds the watch open until its
+	// client leaves, without reading the body; it counts the watches that
+	// reach it with a body.
+	var withBodies atomic.Int32
+	watch := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.ContentLength != 0 || r.Header.Get("Content-Length") != "" {
+			withBodies.Add(1)
+		}
+		_, _ = io.WriteString(w, `{"type":"BOOKMARK","object":{"kind":"Pod","apiVersion":"v1","metadata":{"resourceVersion":"1"}}}`+"\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	for _, tc := range []struct {
+		name  string
+		agent func(t *testing.T, limits Limits) (*Agent, http.Handler)
+	}{{
+		name: "forwarded",
+		agent: func(t *testing.T, limits Limits) (*Agent, http.Handler) {
+			upstream := httptest.NewUnstartedServer(watch)
+			upstream.EnableHTTP2 = true
+			upstream.StartTLS()
+			t.Cleanup(upstream.Close)
+			a := newTestAgentWithLimits(t, upstream, limits)
+			return a, a.handler
+		},
+	}, {
+		name: "cached",
+		agent: func(t *testing.T, limits Limits) (*Agent, http.Handler) {
+			unused := httptest.NewTLSServer(http.NotFoundHandler())
+			t.Cleanup(unused.Close)
+			a := newTestAgentWithLimits(t, unused, limits)
+			return a, a.front(a.cacheHit(watch))
+		},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			limits := DefaultLimits()
+			a, h := tc.agent(t, limits)
+			s := startTestServer(t, h, limits)
+			c := s.client(true)
+			open := func(withBody bool) (grown int64) {
+				open := func() int {
+					return int(testutil.ToFloat64(a.metrics.inFlight.WithLabelValues("long-running", "long-running")))
+				}
+				waitFor(t, func() bool { return open() == 0 }, "the previous watches to end")
+				before := memInUse()
+				var resps []*http.Response
+				for range watches {
+					var rd io.Reader
+					if withBody {
+						rd = bytes.NewReader(body)
+					}
+					req, _ := http.NewRequest(http.MethodGet, "https://"+s.addr+"/api/v1/namespaces/a/pods?watch=true", rd)
+					resp, err := c.Do(req)
+					if err != nil {
+						t.Fatal(err)
+					}
+					resps = append(resps, resp)
+					if resp.StatusCode != http.StatusOK {
+						t.Fatalf("a watch with a body: %d, want 200", resp.StatusCode)
+					}
+				}
+				waitFor(t, func() bool { return open() == watches }, "the watches to be open")
+				// Until what the bodies leave behind has arrived.
+				time.Sleep(time.Second)
+				grown = memInUse() - before
+				for _, resp := range resps {
+					line, err := bufio.NewReader(resp.Body).ReadString('\n')
+					if err != nil || !strings.Contains(line, "BOOKMARK") {
+						t.Errorf("a watch's first event: %q, %v", line, err)
+					}
+					resp.Body.Close()
+				}
+				return grown
+			}
+			without := open(false)
+			with := open(true)
+			t.Logf("%d watches from one source: heap and stacks +%.1f MiB without bodies, +%.1f MiB with %d KiB bodies: the bodies add %.1f MiB",
+				watches, float64(without)/(1<<20), float64(with)/(1<<20), len(body)>>10, float64(with-without)/(1<<20))
+			if with-without > 5<<20 {
+				t.Errorf("the bodies of %d watches add %.1f MiB, want under 5 MiB", watches, float64(with-without)/(1<<20))
+			}
+			if n := withBodies.Swap(0); n != 0 {
+				t.Errorf("%d watches reached the cache or kube-apiserver with their body", n)
+			}
+		})
+	}
+}
+
+// TestBodyIgnored: the requests whose body kube-apiserver never reads.
+func TestBodyIgnored(t *testing.T) {
+	for _, tc := range []struct {
+		method, path string
+		want         bool
+	}{
+		{http.MethodGet, "/api/v1/namespaces/a/pods?watch=true", true},
+		{http.MethodGet, "/api/v1/watch/namespaces/a/pods", true},
+		{http.MethodGet, "/apis/apps/v1/deployments?watch=1&resourceVersion=5", true},
+		{http.MethodGet, "/api/v1/namespaces/a/pods/p/log?follow=true", true},
+		{http.MethodGet, "/api/v1/namespaces/a/pods", false},
+		{http.MethodPost, "/api/v1/namespaces/a/configmaps", false},
+		// A proxied request's body goes to its target.
+		{http.MethodGet, "/api/v1/namespaces/a/pods/p/proxy/x", false},
+		{http.MethodPost, "/api/v1/namespaces/a/pods/p/exec?command=sh", false},
+	} {
+		r := httptest.NewRequest(tc.method, tc.path, nil)
+		if info, err := requestInfoFactory.NewRequestInfo(r); err == nil {
+			r = r.WithContext(request.WithRequestInfo(r.Context(), info))
+		}
+		if got := bodyIgnored(r); got != tc.want {
+			t.Errorf("%s %s: body ignored %v, want %v", tc.method, tc.path, got, tc.want)
+		}
+	}
+}
+
+// handlerOf is the handler label of TestNeverReadAnswers' case name.
+func handlerOf(name string) string {
+	if name == "cached" {
+		return "cache"
+	}
+	return "forward"
+}
+
+// memInUse returns the live heap after a collection plus the goroutine
+// stacks: what connections and requests held open cost. (Two collections:
+// the first only moves what sync.Pools hold to their victim caches.)
+func memInUse() int64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc + ms.StackInuse)
+}
+
 // newTestAgentWithLimits is newTestAgent with limits set.
 func newTestAgentWithLimits(t *testing.T, upstream *httptest.Server, limits Limits) *Agent {
 	t.Helper()
 	a := newTestAgent(t, upstream)
 	a.cfg.Limits = limits
+	// As newUpstreams sets it; before the transport's first use.
+	a.up.transport.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: limits.withDefaults().HTTP2MaxUpstreamStreamBuffer}
 	a.handler = a.buildHandler()
 	return a
 }
@@ -542,6 +1095,9 @@ func TestLimitsValidate(t *testing.T) {
 		{func(l *Limits) { l.HTTP2MaxFrameSize = 1000 }, "--http2-max-frame-size"},
 		{func(l *Limits) { l.MaxRequestsInFlight = -1 }, "--max-requests-inflight"},
 		{func(l *Limits) { l.MaxMutatingRequestsInFlight = -1 }, "--max-mutating-requests-inflight"},
+		{func(l *Limits) { l.RequestTimeout = -time.Second }, "--request-timeout"},
+		{func(l *Limits) { l.FirstRequestTimeout = -time.Second }, "--first-request-timeout"},
+		{func(l *Limits) { l.HTTP2MaxUpstreamStreamBuffer = -1 }, "--http2-max-upstream-stream-buffer"},
 	} {
 		l := DefaultLimits()
 		tc.mutate(&l)
@@ -552,9 +1108,10 @@ func TestLimitsValidate(t *testing.T) {
 	}
 }
 
-// TestLongRunningLimit: long-running requests are bounded per source and
-// in total, with 429 and Retry-After; short requests are not counted, and
-// slots come back when a watch ends.
+// TestLongRunningLimit: long-running requests are bounded per source and,
+// past a source's guaranteed share, by the shared pool, with 429 and
+// Retry-After; short requests are not counted, and slots come back when a
+// watch ends.
 func TestLongRunningLimit(t *testing.T) {
 	release := make(chan struct{})
 	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -568,7 +1125,7 @@ func TestLongRunningLimit(t *testing.T) {
 		}
 	}))
 	defer upstream.Close()
-	a := newTestAgentWithLimits(t, upstream, Limits{MaxLongRunningRequests: 3, MaxLongRunningRequestsPerSource: 2})
+	a := newTestAgentWithLimits(t, upstream, Limits{MaxLongRunningRequests: 1, MaxLongRunningRequestsPerSource: 2, GuaranteedLongRunningRequestsPerSource: 1})
 	handler := a.handler
 	withSource := func(src string) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -606,7 +1163,7 @@ func TestLongRunningLimit(t *testing.T) {
 		t.Errorf("another source's watch: %d, want 200", code)
 	}
 	if code := watch("10.0.0.2:1"); code != http.StatusTooManyRequests {
-		t.Errorf("a watch past the total bound: %d, want 429", code)
+		t.Errorf("a watch past the guaranteed share with the pool used up: %d, want 429", code)
 	}
 	resp, err := http.Get(fronts["10.0.0.1:1"].URL + "/api/v1/namespaces/a/pods")
 	if err != nil {
@@ -616,8 +1173,10 @@ func TestLongRunningLimit(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("a list while long-running requests are at their bound: %d, want 200", resp.StatusCode)
 	}
-	if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("long-running", "long-running")); got != 2 {
-		t.Errorf("rejected long-running requests counted: %v, want 2", got)
+	for _, reason := range []string{"per-source", "total"} {
+		if got := testutil.ToFloat64(a.metrics.rejected.WithLabelValues("long-running", "long-running", reason)); got != 1 {
+			t.Errorf("rejected long-running requests counted with reason %s: %v, want 1", reason, got)
+		}
 	}
 	close(release)
 	for _, r := range open {
@@ -626,6 +1185,72 @@ func TestLongRunningLimit(t *testing.T) {
 	}
 	waitFor(t, func() bool { return watchStatus(fronts["10.0.0.1:1"].URL) == http.StatusOK }, "a slot after the watches ended")
 }
+
+// TestLongRunningFairShare: a few pods that each hold as many watches as
+// one source may cannot make another pod's watch get 429. Given the default
+// limits, when eight sources open watches until refused, then each of a
+// hundred other pods still opens its five.
+func TestLongRunningFairShare(t *testing.T) {
+	a := &Agent{cfg: &Config{Limits: DefaultLimits()}, metrics: newMetrics()}
+	release := make(chan struct{})
+	h := withRequestInfo(a.limitLongRunning(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(r.Context().Value(admittedTestKey{}).(chan struct{}))
+		<-release
+	})))
+	var wg sync.WaitGroup
+	defer func() { close(release); wg.Wait() }()
+	// watch opens a watch from src and reports whether it was admitted;
+	// an admitted one stays open until the test ends.
+	watch := func(src string) (admitted bool, code int) {
+		req := httptest.NewRequest(http.MethodGet, "/api/v1/namespaces/a/pods?watch=true", nil)
+		req.RemoteAddr = src + ":40000"
+		in := make(chan struct{})
+		req = req.WithContext(context.WithValue(req.Context(), admittedTestKey{}, in))
+		rec := httptest.NewRecorder()
+		done := make(chan struct{})
+		wg.Go(func() { defer close(done); h.ServeHTTP(rec, req) })
+		select {
+		case <-in:
+			return true, http.StatusOK
+		case <-done:
+			return false, rec.Code
+		}
+	}
+	attackers := 0
+	for i := range 8 {
+		n := 0
+		for {
+			ok, code := watch(fmt.Sprintf("10.1.0.%d", i+1))
+			if !ok {
+				if code != http.StatusTooManyRequests {
+					t.Fatalf("an attacker's watch refused with %d, want 429", code)
+				}
+				break
+			}
+			n++
+		}
+		attackers += n
+	}
+	victims, refused := 0, 0
+	for p := range 100 {
+		for range 5 {
+			if ok, code := watch(fmt.Sprintf("10.2.0.%d", p+1)); ok {
+				victims++
+			} else {
+				refused++
+				if refused == 1 {
+					t.Errorf("pod %d's watch while 8 sources hold %d: %d, want 200", p+1, attackers, code)
+				}
+			}
+		}
+	}
+	t.Logf("8 sources hold %d watches (%d each at most); 100 other pods then opened %d of 500, %d refused",
+		attackers, DefaultMaxLongRunningRequestsPerSource, victims, refused)
+}
+
+// admittedTestKey carries a channel a test handler closes once a request
+// reached it.
+type admittedTestKey struct{}
 
 func watchStatus(base string) int {
 	resp, err := http.Get(base + "/api/v1/namespaces/a/pods?watch=true")

@@ -31,10 +31,16 @@ type metrics struct {
 	ruleSyncs       *prometheus.CounterVec
 	ready           prometheus.Gauge
 	intercepting    prometheus.Gauge
-	// rejected counts requests turned away by the in-flight limits;
-	// openConns is the client connections open now.
-	rejected  *prometheus.CounterVec
-	openConns prometheus.Gauge
+	// inFlight is the requests in flight by the limits that count them;
+	// rejected counts requests turned away by those limits;
+	// requestTimeouts the answers ended at the request timeout;
+	// openConns is the client connections open now, closedConns those
+	// closed by the connection limits.
+	inFlight        *prometheus.GaugeVec
+	rejected        *prometheus.CounterVec
+	requestTimeouts prometheus.Counter
+	openConns       prometheus.Gauge
+	closedConns     *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -63,15 +69,27 @@ func newMetrics() *metrics {
 			Help: "1 while the agent intercepts the kubernetes Service VIP, 0 while it goes to kube-proxy's path (/intercepting says why).",
 		}),
 	}
+	m.inFlight = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "kube_apicache_inflight_requests",
+		Help: "Requests in flight, as the in-flight limits count them: by handler (cache, forward, long-running) and kind (readOnly, mutating, long-running).",
+	}, []string{"handler", "kind"})
 	m.rejected = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kube_apicache_rejected_requests_total",
-		Help: "Requests answered 429 because too many were in flight, by handler and kind (readOnly, mutating).",
-	}, []string{"handler", "kind"})
+		Help: "Requests answered 429 because too many were in flight, by handler (cache, forward, long-running), kind (readOnly, mutating, long-running) and reason (per-source: the client IP holds its own bound; total: it holds its guaranteed share and the pool shared by all is used up).",
+	}, []string{"handler", "kind", "reason"})
+	m.requestTimeouts = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "kube_apicache_request_timeouts_total",
+		Help: "Answers to requests that are not long-running ended at --request-timeout, most often because the client did not read them: the HTTP/2 stream was reset or the HTTP/1.1 connection closed, and the request's in-flight slot freed.",
+	})
 	m.openConns = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_apicache_open_connections",
 		Help: "Client connections open on the serving port, including upgraded ones until they are handed over.",
 	})
-	m.registry.MustRegister(m.requests, m.requestDuration, m.ruleSyncs, m.ready, m.intercepting, m.rejected, m.openConns,
+	m.closedConns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kube_apicache_closed_connections_total",
+		Help: "Client connections the agent closed to bound them, by reason: per-source or total (closed as accepted: the client IP had --max-connections-per-source open, or its guaranteed share with --max-connections used up), first-request-timeout (no request within --first-request-timeout).",
+	}, []string{"reason"})
+	m.registry.MustRegister(m.requests, m.requestDuration, m.ruleSyncs, m.ready, m.intercepting, m.inFlight, m.rejected, m.requestTimeouts, m.openConns, m.closedConns,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

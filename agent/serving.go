@@ -37,8 +37,12 @@ var (
 // secure-serving limits unless limits say otherwise: TLS 1.2 or later, ALPN
 // h2 and http/1.1, 1 MiB of headers (431 above), a header read timeout
 // against slowloris, an idle timeout, and bounded HTTP/2 streams, frames and
-// windows. There is no read or write timeout for whole requests, since
-// watches are long-lived.
+// windows. The server has no read or write timeout for whole requests,
+// since watches are long-lived: requests that are not get theirs from the
+// handler (withBodyDeadline, withRequestTimeout), and an HTTP/2
+// connection nothing could be written to for the request timeout is
+// closed. It must serve a connLimiter's listener, whose connections it
+// tells when their first request arrived.
 //
 // What net/http itself already guarantees, pinned by tests rather than
 // re-implemented: HTTP/2 rapid reset (a client that keeps opening and
@@ -51,7 +55,8 @@ var (
 func newServer(handler http.Handler, cert certSource, limits Limits) *http.Server {
 	limits = limits.withDefaults()
 	return &http.Server{
-		Handler: handler,
+		Handler:     withRequestSeen(handler),
+		ConnContext: withConn,
 		TLSConfig: &tls.Config{
 			MinVersion:     tls.VersionTLS12,
 			NextProtos:     []string{"h2", "http/1.1"},

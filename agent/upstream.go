@@ -129,6 +129,8 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 		HTTP2: &http.HTTP2Config{
 			SendPingTimeout: max(cfg.UpstreamHealthPeriod, time.Second),
 			PingTimeout:     probeTimeout(cfg.UpstreamHealthPeriod),
+			// What an answer its client does not read holds here.
+			MaxReceiveBufferPerStream: cfg.Limits.withDefaults().HTTP2MaxUpstreamStreamBuffer,
 		},
 	}
 	u := &upstreams{
