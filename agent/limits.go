@@ -154,6 +154,10 @@ type Limits struct {
 	ProbeObjectsBurst              int
 	ProbeObjectsPerSecondPerSource float64
 	ProbeObjectsBurstPerSource     int
+	// ProbesPerSecond and ProbesPerSecondPerSource bound the probe rounds
+	// of the node and of one source, whatever they cost.
+	ProbesPerSecond          float64
+	ProbesPerSecondPerSource float64
 }
 
 // Defaults, as kube-apiserver serves.
@@ -246,6 +250,8 @@ func DefaultLimits() Limits {
 		ProbeObjectsBurst:                      apicache.DefaultProbeBurst,
 		ProbeObjectsPerSecondPerSource:         apicache.DefaultProbeObjectsPerSecondPerSource,
 		ProbeObjectsBurstPerSource:             apicache.DefaultProbeBurstPerSource,
+		ProbesPerSecond:                        apicache.DefaultProbeRoundsPerSecond,
+		ProbesPerSecondPerSource:               apicache.DefaultProbeRoundsPerSecondPerSource,
 	}
 }
 
@@ -282,9 +288,11 @@ func (l *Limits) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&l.ReviewBurst, "review-burst", l.ReviewBurst, "Burst of --review-qps.")
 	fs.Float64Var(&l.ReviewQPSPerSource, "review-qps-per-source", l.ReviewQPSPerSource, "Reviews per second the agent sends for one client IP; past it that client's reads are forwarded instead of reviewed, so one pod cannot use up the others' reviews.")
 	fs.IntVar(&l.ReviewBurstPerSource, "review-burst-per-source", l.ReviewBurstPerSource, "Burst of --review-qps-per-source.")
-	fs.Float64Var(&l.ProbeObjectsPerSecond, "probe-objects-per-second", l.ProbeObjectsPerSecond, "Objects per second the consistent-read probes may list in total, as the agent (a probe counts the objects of the cached scope it lists beyond those the read returns, at least 100); a consistent read whose probe is past it is forwarded, for its caller to pay. Negative means no limit.")
+	fs.Float64Var(&l.ProbeObjectsPerSecond, "probe-objects-per-second", l.ProbeObjectsPerSecond, "Objects per second the consistent-read probes may list in total, as the agent (a probe counts the objects of the cached scope it lists beyond what its read would cost forwarded: the objects it returns, at least 100); a consistent read whose probe is past it is forwarded, for its caller to pay. Negative means no limit.")
 	fs.IntVar(&l.ProbeObjectsBurst, "probe-objects-burst", l.ProbeObjectsBurst, "Burst of --probe-objects-per-second. A probe larger than it is never sent: keep it at least --cache-probe-max-objects.")
 	fs.Float64Var(&l.ProbeObjectsPerSecondPerSource, "probe-objects-per-second-per-source", l.ProbeObjectsPerSecondPerSource, "Objects per second the probes that one client IP's consistent reads start may list; past it that client's consistent reads are forwarded unless they can join a probe already due, so one pod cannot spend the others' probes. Negative means no limit.")
+	fs.Float64Var(&l.ProbesPerSecond, "probes-per-second", l.ProbesPerSecond, "Consistent-read probe rounds per second the node may send, however small (burst: two seconds' worth); a consistent read whose probe is past it is forwarded. Negative means no limit.")
+	fs.Float64Var(&l.ProbesPerSecondPerSource, "probes-per-second-per-source", l.ProbesPerSecondPerSource, "Consistent-read probe rounds per second one client IP's reads may start, however small (burst: two seconds' worth); past it that client's consistent reads are forwarded unless they can join a probe already due. Negative means no limit.")
 	fs.IntVar(&l.ProbeObjectsBurstPerSource, "probe-objects-burst-per-source", l.ProbeObjectsBurstPerSource, "Burst of --probe-objects-per-second-per-source. A probe larger than it is never sent: keep it at least --cache-probe-max-objects.")
 }
 
@@ -375,7 +383,8 @@ func (l Limits) gate() access.GateOptions {
 // probeBudget returns the bounds of the cache's consistent-read probes.
 func (l Limits) probeBudget() apicache.ProbeBudget {
 	return apicache.ProbeBudget{ObjectsPerSecond: l.ProbeObjectsPerSecond, Burst: l.ProbeObjectsBurst,
-		ObjectsPerSecondPerSource: l.ProbeObjectsPerSecondPerSource, BurstPerSource: l.ProbeObjectsBurstPerSource}
+		ObjectsPerSecondPerSource: l.ProbeObjectsPerSecondPerSource, BurstPerSource: l.ProbeObjectsBurstPerSource,
+		RoundsPerSecond: l.ProbesPerSecond, RoundsPerSecondPerSource: l.ProbesPerSecondPerSource}
 }
 
 // http2Config is the HTTP/2 half of the limits. The connection window holds

@@ -520,10 +520,8 @@ func writeStatus(w http.ResponseWriter, r *http.Request, err error) {
 
 // probeCost is what a probe of a scope of n objects is charged to the
 // read p that starts it (probebudget.go): the objects it lists beyond
-// those the read itself returns, at least probeMinCost. A read of the
-// whole scope costs kube-apiserver, forwarded, at least what its probe
-// does, so it pays only the least; a read of one object pays for the
-// whole scope it makes the agent list.
+// what the read would cost kube-apiserver forwarded (the objects it
+// returns, and at least probeMinCost); zero when it lists no more.
 func probeCost(n int, p *plan) int {
 	read := 1
 	if p.verb != "get" {
@@ -532,5 +530,5 @@ func probeCost(n int, p *plan) int {
 			read = int(p.limit)
 		}
 	}
-	return max(n-read, probeMinCost)
+	return max(n-max(read, probeMinCost), 0)
 }

@@ -55,10 +55,9 @@ var ConsistentReadModes = []string{string(ConsistentProbe), string(ConsistentLoc
 const DefaultProbeMaxObjects = 2000
 
 // ProbeBudget bounds the consistent-read probes the agent sends under its
-// own identity (probebudget.go). A probe counts the objects of the scope
-// it lists beyond those the read that starts it returns, and at least
-// 100. Zero values mean the defaults; a negative
-// rate means no bound of that kind.
+// own identity (probebudget.go): the objects they list beyond what their
+// reads would cost forwarded, and their rounds. Zero values mean the
+// defaults; a negative rate means no bound of that kind.
 type ProbeBudget struct {
 	// ObjectsPerSecond and Burst bound the probes of all resources and
 	// all sources together.
@@ -69,20 +68,28 @@ type ProbeBudget struct {
 	// host-network pod of the node together).
 	ObjectsPerSecondPerSource float64
 	BurstPerSource            int
+	// RoundsPerSecond and RoundsPerSecondPerSource bound the probe rounds
+	// of the node and of one source, whatever they cost; the bursts are
+	// two seconds' worth.
+	RoundsPerSecond          float64
+	RoundsPerSecondPerSource float64
 }
 
-// Defaults of ProbeBudget: per node at most 500 objects and 5 probes a
-// second; per source a fifth of that. A source's burst holds one probe of
-// the largest scope probed (DefaultProbeMaxObjects), the node's two, or
-// 40 of small scopes (this node's pods) for the informers that a node's
-// pods start together. At 5,000 nodes, every node at its budget, the
-// agents' flow carries at most 25,000 probes and 2.5 million objects a
-// second.
+// Defaults of ProbeBudget. Objects beyond the reads' own: per node 500 a
+// second, per source a fifth of that; a source's burst holds one probe of
+// the largest scope probed (DefaultProbeMaxObjects), the node's two.
+// Rounds: 100 a second per source (a controller's read-after-write loop
+// fits), 400 per node. At 5,000 nodes, every node at its budget, the
+// agents' flow carries at most 2 million probes a second, each costing
+// no more than a read its caller would otherwise have sent, and 2.5
+// million objects beyond those reads.
 const (
 	DefaultProbeObjectsPerSecond          = 500
 	DefaultProbeBurst                     = 2 * DefaultProbeMaxObjects
 	DefaultProbeObjectsPerSecondPerSource = 100
 	DefaultProbeBurstPerSource            = DefaultProbeMaxObjects
+	DefaultProbeRoundsPerSecond           = 400
+	DefaultProbeRoundsPerSecondPerSource  = 100
 )
 
 func (b *ProbeBudget) complete() {
@@ -97,6 +104,12 @@ func (b *ProbeBudget) complete() {
 	}
 	if b.BurstPerSource <= 0 {
 		b.BurstPerSource = DefaultProbeBurstPerSource
+	}
+	if b.RoundsPerSecond == 0 {
+		b.RoundsPerSecond = DefaultProbeRoundsPerSecond
+	}
+	if b.RoundsPerSecondPerSource == 0 {
+		b.RoundsPerSecondPerSource = DefaultProbeRoundsPerSecondPerSource
 	}
 }
 

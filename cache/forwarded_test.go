@@ -69,11 +69,13 @@ func TestForwardedWatchTimeoutCapped(t *testing.T) {
 		state: brokenWatch,
 		path:  "/api/v1/pods?watch=true&fieldSelector=" + url.QueryEscape("spec.nodeName=node-b"),
 	}, {
-		// A watch from the current state whose probe its source's share
-		// cannot pay for: it comes back from a resourceVersion.
+		// A watch from the current state whose probe the node's budget
+		// cannot pay for (its rounds are spent): it comes back from a
+		// resourceVersion.
 		name: "consistent-probe-budget",
 		state: func(c *Cache) {
-			c.probes = newProbeBudget(ProbeBudget{ObjectsPerSecond: -1, ObjectsPerSecondPerSource: 1, BurstPerSource: 1})
+			c.probes = newProbeBudget(ProbeBudget{ObjectsPerSecond: -1, ObjectsPerSecondPerSource: -1, RoundsPerSecondPerSource: -1, RoundsPerSecond: 1e-9})
+			c.probes.take(time.Now(), "elsewhere", 0)
 		},
 		path:   "/api/v1/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true" + node,
 		capped: true,

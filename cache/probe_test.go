@@ -345,20 +345,21 @@ func TestProbeBudgetOneTenant(t *testing.T) {
 	}
 
 	// A list of the whole scope costs kube-apiserver, forwarded, at least
-	// what its probe does: it is charged the least a probe costs, so a
-	// fresh source's share holds twenty of them where it held two gets.
+	// what its probe does: it is charged no objects, only a round, so a
+	// source's rounds bound it (two seconds' worth at once).
 	lister := "10.0.2.1:40000"
 	now = now.Add(time.Minute)
 	lists := 0
-	for range 30 {
+	const tries = 300
+	for range tries {
 		if got := tc.getFrom(t, lister, "/api/v1/namespaces/ns/services"); got.code == 200 {
 			lists++
 		} else if !got.forwarded() {
 			t.Fatalf("list: %d %s", got.code, got.body)
 		}
 	}
-	t.Logf("30 consistent lists of the whole scope from a fresh source: %d answered from the cache", lists)
-	if want := DefaultProbeBurstPerSource / probeMinCost; lists != want {
-		t.Errorf("%d of 30 lists of the whole scope answered from the cache, want the share's %d", lists, want)
+	t.Logf("%d consistent lists of the whole scope from a fresh source at once: %d answered from the cache", tries, lists)
+	if want := roundsBurst(DefaultProbeRoundsPerSecondPerSource); lists != want {
+		t.Errorf("%d of %d lists of the whole scope answered from the cache, want the source's %d rounds", lists, tries, want)
 	}
 }

@@ -17,33 +17,30 @@ import (
 // is sent.
 //
 // A probe costs the objects of the scope it lists (the Store's count, the
-// best estimate before the answer) beyond those the read that starts it
-// returns (probeCost), and at least probeMinCost: what the agent lists
-// for the read beyond what kube-apiserver would have sent the caller. Each source
-// has a token bucket of objects, and the node one more that all sources
-// share: a read that would start a probe takes its cost from both, and a
-// read that finds either short is forwarded at once. Its caller then pays
-// for the read in its own flow, which is what the read costs without the
-// agent, and the agent's flow carries no more than the node's budget
-// whatever its callers do. A read that joins a probe already due to start
-// costs nothing more upstream and is never refused (probe.go), and
-// nothing ever waits for tokens: a read held back would hold its source's
-// slot and its caller's time for a probe that a forward does without.
+// best estimate before the answer) beyond what the read that starts it
+// would cost kube-apiserver forwarded: the objects it returns, and never
+// less than probeMinCost, which one request costs whatever its size
+// (probeCost). A probe of a small scope, or for a read of the whole
+// scope, thus costs nothing beyond its read; a get of one object among
+// thousands pays for the thousands. Each source has a token bucket of
+// objects, and the node one more that all sources share: a read that
+// would start a probe takes its cost from both, and a read that finds
+// either short is forwarded at once. Every round also takes one token
+// from a bucket of rounds of its source's and the node's, however cheap:
+// they bound the share of the agents' flow that one pod, or one node,
+// can take with probes that cost no more than the reads they answer. The
+// caller of a read forwarded for either then pays for it in its own
+// flow, which is what the read costs without the agent, and the agent's
+// flow carries no more than the node's budget whatever its callers do. A
+// read that joins a probe already due to start costs nothing more
+// upstream and is never refused (probe.go), and nothing ever waits for
+// tokens: a read held back would hold its source's slot and its caller's
+// time for a probe that a forward does without.
 //
-// Why not a cheaper probe for a read of one object: a limit=1 list
-// gives kube-apiserver's current resourceVersion, which a quiet scope
-// reaches only with its next bookmark (probe.go); a metadata-only get of
-// the object is as consistent and costs one object, but it is one
-// request under the agent's identity per read, not coalesced across
-// objects, and costs kube-apiserver what the forwarded read would (one
-// etcd read each). A forward is that probe's price, charged to the right
-// flow.
-
-// probeMinCost is the least a probe is charged, in objects: a request
-// costs kube-apiserver at least one seat of its priority and fairness,
-// and its list estimate counts a seat per 100 objects. So the node's
-// budget bounds its probes to ObjectsPerSecond/100 a second, however
-// small their scopes.
+// probeMinCost is what one request costs kube-apiserver at least, in
+// objects: a seat of its priority and fairness, whose list estimate counts
+// a seat per 100 objects. A probe listing no more costs what a forwarded
+// read would.
 const probeMinCost = 100
 
 // maxProbeSources bounds the sources whose buckets are kept.
@@ -54,16 +51,18 @@ const maxProbeSources = 4096
 // refusal means are its caller's.
 type probeBudget struct {
 	// Fixed at construction; node is nil when the node has no bound.
-	opts ProbeBudget
-	node *rate.Limiter
+	opts             ProbeBudget
+	node, nodeRounds *rate.Limiter
 
 	mu      sync.Mutex // protects the field below
 	sources map[string]*probeSource
 }
 
 type probeSource struct {
-	limiter *rate.Limiter
-	seen    time.Time
+	// limiter counts objects, rounds probes; either is nil without a
+	// bound.
+	limiter, rounds *rate.Limiter
+	seen            time.Time
 }
 
 // Budgets that refused a probe, as metric labels.
@@ -78,34 +77,49 @@ func newProbeBudget(opts ProbeBudget) *probeBudget {
 	if opts.ObjectsPerSecond > 0 {
 		b.node = rate.NewLimiter(rate.Limit(opts.ObjectsPerSecond), opts.Burst)
 	}
+	if opts.RoundsPerSecond > 0 {
+		b.nodeRounds = rate.NewLimiter(rate.Limit(opts.RoundsPerSecond), roundsBurst(opts.RoundsPerSecond))
+	}
 	return b
 }
 
-// take charges a probe of cost objects, at now, to src's share and to the
-// node's budget. It returns "" if both paid, else the budget that could
-// not (probeBudgetSource or probeBudgetNode), having charged nothing.
+// take charges a probe of cost objects (zero: a probe that costs no more
+// than its read would), at now, to src's share and to the node's budget:
+// one round, and the objects. It returns "" if both paid, else the budget
+// that could not (probeBudgetSource or probeBudgetNode), having charged
+// nothing.
 func (b *probeBudget) take(now time.Time, src string, cost int) string {
-	var reserved *rate.Reservation
-	if b.opts.ObjectsPerSecondPerSource > 0 {
-		b.mu.Lock()
-		s := b.sourceLocked(now, src)
-		r := s.limiter.ReserveN(now, cost)
+	var taken []*rate.Reservation
+	refund := func() {
+		for _, r := range taken {
+			r.CancelAt(now)
+		}
+	}
+	reserve := func(l *rate.Limiter, n int) bool {
+		if l == nil || n == 0 {
+			return true
+		}
+		r := l.ReserveN(now, n)
 		if !r.OK() || r.DelayFrom(now) > 0 {
 			r.CancelAt(now)
-			b.mu.Unlock()
+			return false
+		}
+		taken = append(taken, r)
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.opts.ObjectsPerSecondPerSource > 0 || b.opts.RoundsPerSecondPerSource > 0 {
+		s := b.sourceLocked(now, src)
+		if !reserve(s.rounds, 1) || !reserve(s.limiter, cost) {
+			refund()
 			return probeBudgetSource
 		}
-		reserved = r
-		b.mu.Unlock()
 	}
-	if b.node != nil && !b.node.AllowN(now, cost) {
-		if reserved != nil {
-			// The node's budget ran out, not the source's: give the
-			// source its tokens back.
-			b.mu.Lock()
-			reserved.CancelAt(now)
-			b.mu.Unlock()
-		}
+	if !reserve(b.nodeRounds, 1) || !reserve(b.node, cost) {
+		// The node's budget ran out, not the source's: give the source
+		// its tokens back.
+		refund()
 		return probeBudgetNode
 	}
 	return ""
@@ -119,7 +133,13 @@ func (b *probeBudget) sourceLocked(now time.Time, src string) *probeSource {
 		if len(b.sources) >= maxProbeSources {
 			b.evictLocked(now)
 		}
-		s = &probeSource{limiter: rate.NewLimiter(rate.Limit(b.opts.ObjectsPerSecondPerSource), b.opts.BurstPerSource)}
+		s = &probeSource{}
+		if b.opts.ObjectsPerSecondPerSource > 0 {
+			s.limiter = rate.NewLimiter(rate.Limit(b.opts.ObjectsPerSecondPerSource), b.opts.BurstPerSource)
+		}
+		if b.opts.RoundsPerSecondPerSource > 0 {
+			s.rounds = rate.NewLimiter(rate.Limit(b.opts.RoundsPerSecondPerSource), roundsBurst(b.opts.RoundsPerSecondPerSource))
+		}
 		b.sources[src] = s
 	}
 	s.seen = now
@@ -131,7 +151,10 @@ func (b *probeBudget) sourceLocked(now time.Time, src string) *probeSource {
 // spent bucket gives that source a full one: the node's budget still
 // bounds them all.
 func (b *probeBudget) evictLocked(now time.Time) {
-	refill := time.Duration(float64(b.opts.BurstPerSource) / b.opts.ObjectsPerSecondPerSource * float64(time.Second))
+	refill := 2 * time.Second // a rounds bucket's
+	if b.opts.ObjectsPerSecondPerSource > 0 {
+		refill = max(refill, time.Duration(float64(b.opts.BurstPerSource)/b.opts.ObjectsPerSecondPerSource*float64(time.Second)))
+	}
 	var oldest string
 	for k, s := range b.sources {
 		if now.Sub(s.seen) > refill {
@@ -145,4 +168,9 @@ func (b *probeBudget) evictLocked(now time.Time) {
 	if len(b.sources) >= maxProbeSources {
 		delete(b.sources, oldest)
 	}
+}
+
+// roundsBurst is the burst of a rate of probe rounds: two seconds' worth.
+func roundsBurst(perSecond float64) int {
+	return max(1, int(2*perSecond))
 }

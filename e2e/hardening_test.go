@@ -792,15 +792,20 @@ func agentRelists(t *testing.T, c *sandbox.Cluster, since time.Time) map[string]
 			continue
 		}
 		seen[string(e.AuditID)] = true
-		// One informer per path and selectors: the agent watches
-		// EndpointSlices twice (its cache, and the kubernetes Service's
-		// endpoints for its upstreams).
+		// One informer per path, selectors and identity: the agent
+		// watches EndpointSlices twice (its cache, and the kubernetes
+		// Service's endpoints for its upstreams), and this node's pods
+		// twice (its cache, as the node, and the pod-path check, as
+		// itself).
 		key := e.ObjectRef.Resource
 		if u, err := url.Parse(e.RequestURI); err == nil {
 			key = u.Path
 			if sel := u.Query().Get("labelSelector") + u.Query().Get("fieldSelector"); sel != "" {
 				key += "?" + sel
 			}
+		}
+		if e.ImpersonatedUser != nil {
+			key += " as " + e.ImpersonatedUser.Username
 		}
 		out[key]++
 		if !since.IsZero() {

@@ -46,7 +46,7 @@ func (s *dsScenario) victimRead(t *testing.T, ctx context.Context) victimReads {
 // agentCounters scrapes the counters the attacks are judged by.
 type agentCounters struct {
 	hits, passiveFailures, degraded, rss float64
-	probes                              map[string]float64 // by reason
+	probes                               map[string]float64 // by reason
 }
 
 func (s *dsScenario) counters(t *testing.T, ctx context.Context) agentCounters {

@@ -74,10 +74,10 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	// forced collection (and take CPU profiles with -agent-profile).
 	// The probe budget is off: the consistent-read case measures what a
 	// probe round saves at 1 to 64 readers in flight from one source,
-	// hundreds of rounds a second, where the default budget would
-	// forward all but about one round a second of that source's reads
-	// (README "Consistent reads").
-	extra := []string{"--profiling", "--probe-objects-per-second=-1", "--probe-objects-per-second-per-source=-1"}
+	// hundreds of rounds a second, past the default budget's 100 rounds
+	// a second for one source (README "Control-plane cost per node").
+	extra := []string{"--profiling", "--probe-objects-per-second=-1", "--probe-objects-per-second-per-source=-1",
+		"--probes-per-second=-1", "--probes-per-second-per-source=-1"}
 	if b.agent, err = c.StartAgent(ctx, pod, agentBin, c.AgentArgs(certFile, keyFile, extra...)...); err != nil {
 		return err
 	}
