@@ -327,11 +327,27 @@ func (id objectIdentity) listOf(info *request.RequestInfo, r *resource) bool {
 // kube-apiserver's protobuf envelope: TypeMeta in field 1, the list in
 // field 2, whose items are its field 2 (ListMeta is field 1).
 func protobufCollection(b []byte) (objectIdentity, int, bool) {
-	if !bytes.HasPrefix(b, protobufMagic) {
+	id, raw, ok := protobufEnvelope(b)
+	if !ok {
 		return objectIdentity{}, 0, false
 	}
-	var id objectIdentity
-	var typeMeta, raw []byte
+	items := 0
+	eachField(raw, func(num protowire.Number, _ []byte) {
+		if num == 2 {
+			items++
+		}
+	})
+	return id, items, id.kind != ""
+}
+
+// protobufEnvelope splits kube-apiserver's protobuf envelope: the
+// identity from TypeMeta (apiVersion 1, kind 2) in field 1, and the raw
+// object in field 2.
+func protobufEnvelope(b []byte) (id objectIdentity, raw []byte, ok bool) {
+	if !bytes.HasPrefix(b, protobufMagic) {
+		return objectIdentity{}, nil, false
+	}
+	var typeMeta []byte
 	eachField(b[len(protobufMagic):], func(num protowire.Number, v []byte) {
 		switch num {
 		case 1:
@@ -348,13 +364,7 @@ func protobufCollection(b []byte) (objectIdentity, int, bool) {
 			id.kind = string(v)
 		}
 	})
-	items := 0
-	eachField(raw, func(num protowire.Number, _ []byte) {
-		if num == 2 {
-			items++
-		}
-	})
-	return id, items, id.kind != ""
+	return id, raw, true
 }
 
 type readCloser struct {
@@ -367,27 +377,10 @@ type readCloser struct {
 // object in field 2, whose field 1 is its ObjectMeta (name 1, namespace 3,
 // resourceVersion 6).
 func protobufIdentity(b []byte) (objectIdentity, bool) {
-	if !bytes.HasPrefix(b, protobufMagic) {
+	id, raw, ok := protobufEnvelope(b)
+	if !ok {
 		return objectIdentity{}, false
 	}
-	var id objectIdentity
-	var typeMeta, raw []byte
-	eachField(b[len(protobufMagic):], func(num protowire.Number, v []byte) {
-		switch num {
-		case 1:
-			typeMeta = v
-		case 2:
-			raw = v
-		}
-	})
-	eachField(typeMeta, func(num protowire.Number, v []byte) {
-		switch num {
-		case 1:
-			id.apiVersion = string(v)
-		case 2:
-			id.kind = string(v)
-		}
-	})
 	var metadata []byte
 	eachField(raw, func(num protowire.Number, v []byte) {
 		if num == 1 && metadata == nil {

@@ -68,6 +68,18 @@ func resetServer(ctx context.Context, port int) error {
 	}
 }
 
+// apiDialer returns a dialer of TLS connections to the API address, as
+// the in-cluster config trusts it, offering only proto by ALPN.
+func apiDialer(cfg *rest.Config, proto string) (*tls.Dialer, error) {
+	tc, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	tc = tc.Clone()
+	tc.NextProtos = []string{proto}
+	return &tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second}, Config: tc}, nil
+}
+
 // attackOptions are the flags of podclient attack.
 type attackOptions struct {
 	mode        string
@@ -142,12 +154,10 @@ func proxyResets(ctx context.Context, cfg *rest.Config, o attackOptions) error {
 // and holds them until the duration ends. It counts the connections the
 // server closed before then.
 func idleConns(ctx context.Context, cfg *rest.Config, o attackOptions) error {
-	tc, err := rest.TLSConfigFor(cfg)
+	d, err := apiDialer(cfg, "h2")
 	if err != nil {
 		return err
 	}
-	tc = tc.Clone()
-	tc.NextProtos = []string{"h2"}
 	var opened, refused, closedEarly atomic.Int64
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, max(o.concurrency, 1))
@@ -158,7 +168,6 @@ func idleConns(ctx context.Context, cfg *rest.Config, o attackOptions) error {
 		}
 		sem <- struct{}{}
 		wg.Go(func() {
-			d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second}, Config: tc}
 			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			c, err := d.DialContext(dctx, "tcp", apiAddr())
 			cancel()
@@ -201,12 +210,10 @@ func idleConns(ctx context.Context, cfg *rest.Config, o attackOptions) error {
 // connection with the pod's token, and never reads the answers; it holds
 // the connections until the duration ends.
 func unreadAnswers(ctx context.Context, cfg *rest.Config, o attackOptions) error {
-	tc, err := rest.TLSConfigFor(cfg)
+	d, err := apiDialer(cfg, "http/1.1")
 	if err != nil {
 		return err
 	}
-	tc = tc.Clone()
-	tc.NextProtos = []string{"http/1.1"}
 	token := cfg.BearerToken
 	if cfg.BearerTokenFile != "" {
 		b, err := os.ReadFile(cfg.BearerTokenFile)
@@ -225,7 +232,6 @@ func unreadAnswers(ctx context.Context, cfg *rest.Config, o attackOptions) error
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			d := &tls.Dialer{NetDialer: &net.Dialer{Timeout: 5 * time.Second}, Config: tc}
 			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
 			c, err := d.DialContext(dctx, "tcp", apiAddr())
