@@ -78,9 +78,9 @@ func (s *dsScenario) agentRestarts(t *testing.T, ctx context.Context) int32 {
 
 // tenantAttacks: given the reader pod (the victim) reading its node's
 // pods from the cache and a tenant pod with `edit` in its namespace, when
-// the tenant runs, one after another, a loop of pods/proxy requests its
-// own pod answers with headers and a closed connection (kube-apiserver
-// resets each stream), 8,000 TLS connections that send the HTTP/2 preface
+// the tenant runs, one after another, a 60-second loop of pods/proxy
+// requests its own pod answers with headers and a closed connection
+// (kube-apiserver resets each stream), 8,000 TLS connections that send the HTTP/2 preface
 // and nothing more, and 400 GETs of /openapi/v2 whose answers it never
 // reads, then during each the victim's reads stay cache hits with no
 // error and no 429, their p99 within twice the quiet p99, the agent's
@@ -109,7 +109,7 @@ func (s *dsScenario) tenantAttacks(t *testing.T, ctx context.Context) {
 		// settle is how long the attack runs before the victim reads.
 		settle time.Duration
 	}{
-		{"proxy-resets", []string{"--mode", "proxyreset", "--concurrency", "10", "--timeout", "30s",
+		{"proxy-resets", []string{"--mode", "proxyreset", "--concurrency", "10", "--timeout", "60s",
 			"--path", "/api/v1/namespaces/" + dsClientNS + "/pods/" + attacker.Pod.Name + ":8080/proxy/"}, 3 * time.Second},
 		{"idle-connections", []string{"--mode", "idleconns", "--count", "8000", "--concurrency", "200", "--timeout", "45s"}, 15 * time.Second},
 		{"unread-answers", []string{"--mode", "unread", "--count", "400", "--concurrency", "50", "--timeout", "40s",
