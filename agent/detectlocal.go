@@ -251,6 +251,10 @@ func (a *Agent) localClientConfig() *rest.Config {
 	if a.cfg.CacheAsNode {
 		cfg.Impersonate = rest.ImpersonationConfig{UserName: apicache.NodeUsername(a.cfg.NodeName)}
 	}
+	// Its own user agent: its watch of this node's pods is the same
+	// request as the cache's, and kube-apiserver's audit log tells them
+	// apart by it.
+	cfg.UserAgent += " detect-local"
 	return cfg
 }
 

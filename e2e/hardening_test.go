@@ -792,11 +792,11 @@ func agentRelists(t *testing.T, c *sandbox.Cluster, since time.Time) map[string]
 			continue
 		}
 		seen[string(e.AuditID)] = true
-		// One informer per path, selectors and identity: the agent
-		// watches EndpointSlices twice (its cache, and the kubernetes
-		// Service's endpoints for its upstreams), and this node's pods
-		// twice (its cache, as the node, and the pod-path check, as
-		// itself).
+		// One informer per path, selectors, identity and user agent:
+		// the agent watches EndpointSlices twice (its cache, and the
+		// kubernetes Service's endpoints for its upstreams), and this
+		// node's pods twice (its cache, and detect-local for the
+		// pod-path check, with a user agent of its own).
 		key := e.ObjectRef.Resource
 		if u, err := url.Parse(e.RequestURI); err == nil {
 			key = u.Path
@@ -806,6 +806,9 @@ func agentRelists(t *testing.T, c *sandbox.Cluster, since time.Time) map[string]
 		}
 		if e.ImpersonatedUser != nil {
 			key += " as " + e.ImpersonatedUser.Username
+		}
+		if strings.HasSuffix(e.UserAgent, " detect-local") {
+			key += " (detect-local)"
 		}
 		out[key]++
 		if !since.IsZero() {

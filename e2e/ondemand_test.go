@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,9 +28,9 @@ func agentCacheWatches(t *testing.T, c *sandbox.Cluster, t0 time.Time, stage aud
 	t.Helper()
 	out := map[string]int{}
 	for _, e := range auditEvents(t, c, func(e *auditv1.Event) bool {
-		// The pod-path check's own watch of this node's pods is the
-		// agent's, not the cache's: the cache watches them as the node.
-		podPath := e.ObjectRef != nil && e.ObjectRef.Resource == "pods" && e.ImpersonatedUser == nil
+		// detect-local's watch of this node's pods (for the pod-path
+		// check) is the agent's, not the cache's.
+		podPath := strings.HasSuffix(e.UserAgent, " detect-local")
 		return e.User.Username == sandbox.AgentUsername() && e.Stage == stage && (e.Verb == "list" || e.Verb == "watch") &&
 			e.ObjectRef != nil && e.ObjectRef.Namespace == "" && onDemandResources[e.ObjectRef.Resource] && !podPath &&
 			!e.RequestReceivedTimestamp.Time.Before(t0)
