@@ -89,7 +89,10 @@ type endpoint struct {
 	inflight map[*inflightReq]context.CancelFunc
 }
 
-type inflightReq struct{}
+// inflightReq keys one request in flight. It must not be of size zero:
+// Go may give every allocation of a zero-size type the same address, and
+// the map would then hold one request however many are in flight.
+type inflightReq struct{ _ byte }
 
 // deadAfter is how many consecutive failed probes make an endpoint dead:
 // its open streams are ended. One failure already moves new requests away.

@@ -231,3 +231,33 @@ func TestSetEndpoints(t *testing.T) {
 		t.Errorf("status = %+v, want a kept active and healthy, b new and unchecked", st)
 	}
 }
+
+// TestTrackEveryRequest: each request in flight to an endpoint is tracked
+// on its own, so that a dead endpoint's streams are all ended, and each is
+// forgotten when it is done.
+func TestTrackEveryRequest(t *testing.T) {
+	e := newTestEndpoint(t, ok)
+	u := newTestUpstreams(e)
+	const n = 5
+	var dones []func()
+	cancelled := 0
+	for range n {
+		_, done := u.track(e.url.Host, func() { cancelled++ })
+		dones = append(dones, done)
+	}
+	u.mu.Lock()
+	held := len(u.endpoints[0].inflight)
+	for _, c := range u.endpoints[0].inflight {
+		c()
+	}
+	u.mu.Unlock()
+	if held != n || cancelled != n {
+		t.Errorf("%d requests in flight: %d tracked, %d cancelled; want all", n, held, cancelled)
+	}
+	for _, done := range dones {
+		done()
+	}
+	if left := len(u.endpoints[0].inflight); left != 0 {
+		t.Errorf("%d requests still tracked after all were done", left)
+	}
+}
