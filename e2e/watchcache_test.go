@@ -129,7 +129,16 @@ func TestWatchFormsMatchKubeAPIServer(t *testing.T) {
 		rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: sandbox.AgentServiceAccount, Namespace: sandbox.AgentNamespace}, widgetRule)
 	grantClusterRead(t, ctx, c, "e2e-watchcache-watcher",
 		rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: "watcher", Namespace: ns}, widgetRule)
-	pod, agent := watcherAndAgent(t, ctx, c, ns, "--cache-resources="+cache.DefaultResources+",widgets."+widgetsGVR.Group+"/v1")
+	// The probe budget is off: the fan-out below opens 150 watch-lists
+	// one after another, each starting at the current state, so each
+	// probes on its own; 50 of them watch one namespace's services, and
+	// their probes list every Service of the sandbox (hundreds, from the
+	// other tests), past the default budget of one source, which would
+	// forward them (with a short timeout, to come back from a
+	// resourceVersion). The budget has tests of its own; the fan-out is
+	// measured here.
+	pod, agent := watcherAndAgent(t, ctx, c, ns, "--cache-resources="+cache.DefaultResources+",widgets."+widgetsGVR.Group+"/v1",
+		"--probe-objects-per-second=-1", "--probe-objects-per-second-per-source=-1", "--probes-per-second=-1", "--probes-per-second-per-source=-1")
 	waitResourceSynced(t, ctx, agent, "widgets."+widgetsGVR.Group)
 	viaAgent, direct := podClients(t, c, pod)
 
