@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -431,7 +432,15 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 	if readOnly.Unbounded() && mutating.Unbounded() {
 		return h
 	}
-	pools := map[string]*fairshare.Pool{"readOnly": fairshare.New(readOnly), "mutating": fairshare.New(mutating)}
+	// Per kind, built once: the pool and its gauge, off the request path.
+	type bound struct {
+		pool  *fairshare.Pool
+		gauge prometheus.Gauge
+	}
+	bounds := map[string]bound{}
+	for kind, lim := range map[string]fairshare.Limits{"readOnly": readOnly, "mutating": mutating} {
+		bounds[kind] = bound{fairshare.New(lim), a.metrics.inFlight.WithLabelValues(handler, kind)}
+	}
 	refusals := newThrottledLog("Requests refused: too many in flight", handler)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, ok := request.RequestInfoFrom(r.Context())
@@ -449,13 +458,13 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 		if info.Verb == "get" || info.Verb == "list" || info.Verb == "watch" {
 			kind = "readOnly"
 		}
-		pool := pools[kind]
-		if pool.Limits().Unbounded() {
+		b := bounds[kind]
+		if b.pool.Limits().Unbounded() {
 			h.ServeHTTP(w, r)
 			return
 		}
 		src := sourceOf(r.RemoteAddr)
-		release, refused := pool.Acquire(src)
+		release, refused := b.pool.Acquire(src)
 		if refused != "" {
 			a.metrics.rejected.WithLabelValues(handler, kind, string(refused)).Inc()
 			refusals.log(klog.FromContext(r.Context()), "source", src, "kind", kind, "reason", refused)
@@ -464,11 +473,10 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 			http.Error(w, "Too many requests, please try again later.", http.StatusTooManyRequests)
 			return
 		}
-		gauge := a.metrics.inFlight.WithLabelValues(handler, kind)
-		gauge.Inc()
+		b.gauge.Inc()
 		defer func() {
 			release()
-			gauge.Dec()
+			b.gauge.Dec()
 		}()
 		h.ServeHTTP(w, r)
 	})
@@ -479,7 +487,7 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 func (l Limits) inFlightShares() (readOnly, mutating fairshare.Limits) {
 	share := func(shared, perSource int) fairshare.Limits {
 		if shared == 0 {
-			return fairshare.Limits{PerSource: -1, Shared: -1}
+			return noLimit
 		}
 		return fairshare.Limits{Guaranteed: l.GuaranteedRequestsInFlightPerSource, PerSource: perSource, Shared: shared}
 	}
@@ -515,6 +523,7 @@ func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
 		return h
 	}
 	pool := fairshare.New(lim)
+	gauge := a.metrics.inFlight.WithLabelValues("long-running", "long-running")
 	refusals := newThrottledLog("Requests refused: too many long-running", "long-running")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, ok := request.RequestInfoFrom(r.Context())
@@ -531,7 +540,6 @@ func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
 			writeStatus(w, r, apierrors.NewTooManyRequests("too many long-running requests through the node-local API proxy, please try again later", 1))
 			return
 		}
-		gauge := a.metrics.inFlight.WithLabelValues("long-running", "long-running")
 		gauge.Inc()
 		defer func() {
 			release()

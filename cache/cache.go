@@ -524,7 +524,11 @@ func writeStatus(w http.ResponseWriter, r *http.Request, err error) {
 // returns, and at least probeMinCost); zero when it lists no more.
 func probeCost(n int, p *plan) int {
 	read := 1
-	if p.verb != "get" {
+	switch {
+	case p.verb == "watch" && !p.initialEvents:
+		// It starts with no object: the probe is all it costs.
+		read = 0
+	case p.verb != "get":
 		read = p.res.store.Count(p.pred)
 		if p.limit > 0 && int64(read) > p.limit {
 			read = int(p.limit)
