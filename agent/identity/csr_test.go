@@ -119,14 +119,7 @@ func (c *signingClient) sent() []*certificatesv1.CertificateSigningRequest {
 // approve approves and issues the pending CSR name.
 func (c *signingClient) approve(t *testing.T, name string) {
 	t.Helper()
-	// The tracker stores a CSR just after the create reactor counted it.
-	var obj runtime.Object
-	waitFor(t, "CSR "+name+" to be stored", func() bool {
-		var err error
-		obj, err = c.Tracker().Get(csrResource, "", name)
-		return err == nil
-	})
-	csr := obj.(*certificatesv1.CertificateSigningRequest).DeepCopy()
+	csr := c.stored(t, name).DeepCopy()
 	c.mu.Lock()
 	csr.Status.Certificate = c.issued[name]
 	c.mu.Unlock()
@@ -134,6 +127,19 @@ func (c *signingClient) approve(t *testing.T, name string) {
 	if err := c.Tracker().Update(csrResource, csr, ""); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// stored waits until the tracker holds the CSR name and returns it: the
+// create reactor counts a CSR before the tracker stores it.
+func (c *signingClient) stored(t *testing.T, name string) *certificatesv1.CertificateSigningRequest {
+	t.Helper()
+	var obj runtime.Object
+	waitFor(t, "CSR "+name+" to be stored", func() bool {
+		var err error
+		obj, err = c.Tracker().Get(csrResource, "", name)
+		return err == nil
+	})
+	return obj.(*certificatesv1.CertificateSigningRequest)
 }
 
 // fastSource returns a CSR source for node-a with a short backoff, a
@@ -531,7 +537,7 @@ func TestCSRSourcePendingTimeout(t *testing.T) {
 	start := time.Now()
 	stop := run(s)
 	defer func() { stop() }()
-	waitFor(t, "the replacement", func() bool { return client.creates.Load() == 2 })
+	waitFor(t, "the replacement", func() bool { return len(client.sent()) == 2 })
 	if d := time.Since(start); d < 300*time.Millisecond {
 		t.Errorf("replaced the pending CSR after %v, before the 300ms timeout", d)
 	}
@@ -550,6 +556,7 @@ func TestCSRSourcePendingTimeout(t *testing.T) {
 	s = fastSource(t, client, caFile, "", testSANs())
 	stop = run(s)
 	waitFor(t, "the first CSR", func() bool { return client.creates.Load() == 1 })
+	client.stored(t, "csr-1")
 	if err := client.Tracker().Delete(csrResource, "", "csr-1"); err != nil {
 		t.Fatal(err)
 	}
