@@ -6,7 +6,6 @@ package agent
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -23,101 +22,53 @@ import (
 	"github.com/kube-apicache/kube-apicache/cache/access"
 )
 
-// Agent runs the proxy and owns its node state (address, liveness sets,
-// chains, jumps).
+// Agent composes the agent's parts and runs them in order: the
+// interceptor (the redirect and its policy, interceptor.go), the upstream
+// endpoints and their health (upstream.go, health.go), the serving handler
+// chain, the cache and the metrics server. It owns their start order,
+// readiness and shutdown, and nothing else.
 type Agent struct {
 	// Fixed at construction.
-	cfg          *Config
-	cert         certSource
-	up           *upstreams
-	metrics      *metrics
-	interception *interceptionMetrics
-	// planes holds one redirect per IP family among the Service VIPs, each
-	// with its own listen address.
-	planes  []*dataplane
-	backend string
-	// dataplane is the backend the redirect runs in, and why; others are
-	// the same redirects in the other backend, removed if found.
-	dataplane, dataplaneReason string
-	others                     []*dataplane
-	othersCheckAt              time.Time
-	probes                     *probes
-	handler                    http.Handler
+	cfg     *Config
+	cert    certSource
+	up      *upstreams
+	metrics *metrics
+	icpt    *interceptor
+	probes  *probes
+	handler http.Handler
 	// metricsServer serves MetricsBindAddress; nil when it is empty.
 	metricsServer *metricsServer
 	// cache answers covered reads; nil when no resource is cached.
 	cache *apicache.Cache
 	// audit records the requests the cache answers; off unless configured.
 	audit *audit.Auditor
-	// syncNow asks the run loop for a sync before the next tick.
-	syncNow chan struct{}
-	// local is what detect-local and the pod-path check learn from the
-	// API (detectlocal.go).
-	local *localPods
-	// podPath checks interception as pods get it (podpath.go); nil when
-	// off. lastLapse is when (Unix nanoseconds) a liveness refresh last came
-	// so late that the entry may have expired.
-	podPath   *podPath
-	lastLapse atomic.Int64
-	// syncSawUnhealthy is set by a sync that found the agent unhealthy, so
-	// that the liveness loop asks for a sync as soon as it is healthy.
-	syncSawUnhealthy atomic.Bool
-	// started is when Run began and logger its logger; warmedUp is set
-	// once the pinned resources have synced or the warm-up has timed out
-	// (warmup); pinnedUnsynced lists the pinned resources not synced yet,
-	// nil without a cache.
-	started        time.Time
-	logger         klog.Logger
-	warmedUp       atomic.Bool
-	pinnedUnsynced func() []string
-	// disabled holds the kill switch's reason while interception is
-	// turned off; service what the agent knows of the kubernetes Service,
-	// against which it checks the configured VIPs and port (nil: not read
-	// yet) (switches.go).
-	disabled atomic.Pointer[string]
-	service  atomic.Pointer[serviceCheck]
+	// warm is the warm-up of the pinned resources (warmup).
+	warm warmup
 	// drain is cancelled when shutdown starts, which ends open watches so
 	// their clients reconnect, now past the removed redirect.
 	drain      context.Context
 	startDrain context.CancelFunc
 	now        func() time.Time
 
-	// syncMu serializes the work on the node's netfilter rules and
-	// addresses: syncs, the removal after a failed one, shutdown and
-	// removeStale. It is held across exec'd iptables calls, which take
-	// long on a node with a large nat table or a busy xtables lock. It
-	// also protects the fields below.
-	syncMu sync.Mutex
-	// selfCheckErr is the last failed self-check; the redirect is not
-	// installed again before retryAt. retryWait doubles with each failure.
-	selfCheckErr error
-	retryAt      time.Time
-	retryWait    time.Duration
-
-	// planeMu guards the liveness entries and each dataplane's active
-	// flag. It is held only around netlink set operations, never across a
-	// call to iptables, so the liveness refresher never waits for
-	// netfilter: a slow sync cannot let the entries expire. A refresh
-	// never runs between a failed check and the clearing it causes.
-	// Lock order: syncMu before planeMu.
-	planeMu sync.Mutex
-
 	// clientCerts hands client-certificate callers to kube-apiserver.
 	clientCerts *clientCertificates
 
 	// degraded is the state of degraded mode (degraded.go).
 	degraded degradedMode
+}
 
-	mu sync.Mutex // protects the fields below
-	// notIntercepting is why the agent is not intercepting; nil while it
-	// is.
-	notIntercepting error
-	// decided is set once the first sync has decided whether to
-	// intercept; stopping once shutdown has begun. Between the two the
-	// agent is ready: serving, or deliberately stepped aside.
-	decided, stopping bool
-	// lastSync is when the run loop last finished a sync.
-	lastSync time.Time
+// warmup is the state of the warm-up before the first interception: it
+// waits for the pinned resources to sync, within CacheWarmupTimeout of
+// the start.
+type warmup struct {
+	// started is when Run began and logger its logger; done is set once
+	// the pinned resources have synced or the warm-up has timed out;
+	// pinnedUnsynced lists the pinned resources not synced yet, nil
+	// without a cache.
+	started        time.Time
+	logger         klog.Logger
+	done           atomic.Bool
+	pinnedUnsynced func() []string
 }
 
 // New checks cfg and loads what the agent needs from disk. It changes
@@ -130,56 +81,58 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 	}
 	drain, startDrain := context.WithCancel(context.Background())
 	a := &Agent{
-		cfg:             cfg,
-		metrics:         newMetrics(),
-		backend:         k.Backend,
-		probes:          newProbes(),
-		syncNow:         make(chan struct{}, 1),
-		local:           newLocalPods(),
-		drain:           drain,
-		startDrain:      startDrain,
-		now:             time.Now,
-		notIntercepting: errors.New("starting"),
+		cfg:        cfg,
+		metrics:    newMetrics(),
+		probes:     newProbes(),
+		drain:      drain,
+		startDrain: startDrain,
+		now:        time.Now,
 	}
-	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = cfg.DegradedDecisionTTL, a.degradedAfter(), a.probeTimeout()
-	a.metrics.registry.MustRegister(buildInfo(), a.switchCollector(), a.serviceMismatchCollector(), degradedCollector{&a.degraded})
-	if cfg.InterceptionDisabled {
-		reason := "--interception=false (or interception.enabled: false in --config)"
-		a.disabled.Store(&reason)
-	}
+	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = cfg.DegradedDecisionTTL, a.degradedAfter(), cfg.probeTimeout()
+	a.metrics.registry.MustRegister(buildInfo(), degradedCollector{&a.degraded})
 	var err error
 	if a.audit, err = audit.New(cfg.Audit, longRunning); err != nil {
 		return nil, err
 	}
-	if err := a.buildDataplanes(k); err != nil {
+	if a.icpt, err = newInterceptor(cfg, k, a.interceptorDeps()); err != nil {
 		return nil, err
 	}
 	if a.cert, err = a.newCertSource(); err != nil {
-		a.removeStale()
+		a.icpt.removeStale()
 		return nil, err
 	}
 	if a.up, err = newUpstreams(cfg); err != nil {
-		a.removeStale()
+		a.icpt.removeStale()
 		return nil, err
 	}
-	a.up.onChange = a.requestSync
-	a.interception = newInterceptionMetrics(a.metrics.registry, a.up)
-	a.metrics.registry.MustRegister(a.up.healthCollector())
-	if cfg.PodPathCheckInterval > 0 && k.Conntrack != nil {
-		a.podPath = newPodPath(k.Conntrack, a.metrics.registry)
-	}
+	a.up.onChange = a.icpt.requestSync
+	a.metrics.registry.MustRegister(&upstreamCollector{up: a.up}, a.up.healthCollector())
 	if err := a.newCache(); err != nil {
-		a.removeStale()
+		a.icpt.removeStale()
 		return nil, err
 	}
 	if cfg.MetricsBindAddress != "" {
 		if a.metricsServer, err = a.newMetricsServer(); err != nil {
-			a.removeStale()
+			a.icpt.removeStale()
 			return nil, err
 		}
 	}
 	a.handler = a.buildHandler()
 	return a, nil
+}
+
+// interceptorDeps is what the interceptor needs of the rest of the agent.
+func (a *Agent) interceptorDeps() interceptorDeps {
+	return interceptorDeps{
+		health:       a.standInHealth,
+		expectProbe:  a.probes.expect,
+		restConfig:   a.restConfig,
+		upstream:     func() string { return a.up.pick().Host },
+		ready:        a.metrics.ready,
+		intercepting: a.metrics.intercepting,
+		ruleSyncs:    a.metrics.ruleSyncs,
+		registry:     a.metrics.registry,
+	}
 }
 
 // buildHandler assembles the request path once, at start-up.
@@ -240,38 +193,57 @@ func (a *Agent) front(h http.Handler) http.Handler {
 
 // Intercepting returns nil while the agent intercepts the Service VIP,
 // else the reason it does not.
-func (a *Agent) Intercepting() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.notIntercepting
+func (a *Agent) Intercepting() error { return a.icpt.Intercepting() }
+
+// Ready returns nil while the agent is ready in the Kubernetes sense
+// (interceptor.Ready).
+func (a *Agent) Ready() error { return a.icpt.Ready() }
+
+// SetInterception turns interception on or off while the agent runs: the
+// kill switch (interceptor.SetInterception).
+func (a *Agent) SetInterception(enabled bool, reason string) { a.icpt.SetInterception(enabled, reason) }
+
+// standInHealth returns nil while the agent can stand in for
+// kube-apiserver: its certificate is ready and an upstream endpoint is
+// healthy, or it is in degraded mode (or deciding whether to enter it),
+// and its cache has warmed up. Otherwise it says why not.
+func (a *Agent) standInHealth() error {
+	if err := a.cert.Ready(); err != nil {
+		return fmt.Errorf("serving certificate not ready: %w", err)
+	}
+	if err := a.up.healthy(); err != nil {
+		// Unless this is an outage the pods suffer anyway (degraded.go).
+		if err := a.degraded.covers(a.now(), err); err != nil {
+			return err
+		}
+	}
+	return a.warm.wait(a.cfg, a.now())
 }
 
-// Ready returns nil while the agent is ready in the Kubernetes sense: it
-// has made its first decision and is not shutting down, and its sync loop
-// is not stuck. That is, it intercepts, or it has deliberately stepped
-// aside (an unhealthy upstream, a certificate not issued, a redirect that
-// did not take effect, a dataplane it cannot drive) and pods reach
-// kube-apiserver through kube-proxy meanwhile. Readiness must not mean
-// "intercepting": one node where the agent rightly steps aside would
-// otherwise stop a DaemonSet rollout across every healthy node. Whether it
-// intercepts is reported apart (Intercepting, /intercepting, the
-// kube_apicache_intercepting metric). A configuration the agent cannot
-// stand behind is not a decision, though: until the kubernetes Service has
-// been read and holds the configured VIPs and port (serviceErr), the agent
-// is not ready, so that a wrong VIP stops a rollout at its first wave.
-func (a *Agent) Ready() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+// warmup returns nil once the pinned resources have synced, or once
+// CacheWarmupTimeout has passed since the run began, whichever is first;
+// from then on it always does. Until then the agent does not intercept:
+// an agent whose memory limit is too low for the cluster is killed while
+// it lists, and a crash loop of such agents must not take the node's
+// traffic on every restart.
+func (w *warmup) wait(cfg *Config, now time.Time) error {
+	if w.done.Load() || w.pinnedUnsynced == nil {
+		return nil
+	}
+	pending := w.pinnedUnsynced()
+	logger := w.logger
 	switch {
-	case a.stopping:
-		return errors.New("shutting down")
-	case !a.decided:
-		return fmt.Errorf("starting: %w", a.notIntercepting)
+	case len(pending) == 0:
+		logger.Info("Pinned resources synced", "elapsed", now.Sub(w.started).Round(time.Millisecond))
+	case !now.Before(w.started.Add(cfg.CacheWarmupTimeout)):
+		logger.Info("Intercepting before the pinned resources synced; their reads are forwarded until they do",
+			"timeout", cfg.CacheWarmupTimeout, "unsynced", pending)
+	default:
+		return fmt.Errorf("waiting up to %s after start-up for the pinned resources to sync: %s",
+			cfg.CacheWarmupTimeout, strings.Join(pending, ", "))
 	}
-	if err := a.serviceErr(); err != nil {
-		return err
-	}
-	return a.syncLoopStuck()
+	w.done.Store(true)
+	return nil
 }
 
 // interceptionNote adds to /intercepting and /readyz what an operator
@@ -283,7 +255,7 @@ func (a *Agent) interceptionNote() string {
 	if s := a.degradedNote(); s != "" {
 		notes = append(notes, s)
 	}
-	if s := a.podPath.status(a.now()); s != "" {
+	if s := a.icpt.podPathNote(); s != "" {
 		notes = append(notes, "latest blocked source: "+s)
 	}
 	return strings.Join(notes, "; ")
@@ -292,59 +264,7 @@ func (a *Agent) interceptionNote() string {
 // Healthy returns nil unless the sync loop is stuck: the kubelet restarts
 // a container whose /healthz fails, and the kernel's liveness timeout has
 // handed the VIP back to kube-proxy long before.
-func (a *Agent) Healthy() error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.syncLoopStuck()
-}
-
-// syncLoopStuck says whether the run loop has not finished a sync for far
-// longer than its period allows. a.mu must be held.
-func (a *Agent) syncLoopStuck() error {
-	if a.lastSync.IsZero() || a.stopping {
-		return nil
-	}
-	if since := a.now().Sub(a.lastSync); since > a.syncStuckAfter() {
-		return fmt.Errorf("sync loop stuck: last sync finished %s ago", since.Round(time.Second))
-	}
-	return nil
-}
-
-// syncStuckAfter is how long without a finished sync means a stuck loop:
-// three periods, plus two minutes for the xtables lock waits and
-// self-checks a slow sync may make.
-func (a *Agent) syncStuckAfter() time.Duration {
-	return 3*a.cfg.SyncPeriod + 2*time.Minute
-}
-
-// syncDone records a finished sync of the run loop: from the first one on,
-// the agent has decided whether to intercept.
-func (a *Agent) syncDone() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.decided = true
-	a.lastSync = a.now()
-	a.metrics.ready.Set(1)
-}
-
-// setStopping marks the start of shutdown: the agent is no longer ready.
-func (a *Agent) setStopping() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.stopping = true
-	a.metrics.ready.Set(0)
-}
-
-func (a *Agent) setNotIntercepting(err error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.notIntercepting = err
-	if err == nil {
-		a.metrics.intercepting.Set(1)
-	} else {
-		a.metrics.intercepting.Set(0)
-	}
-}
+func (a *Agent) Healthy() error { return a.icpt.Healthy() }
 
 // Run starts the agent and blocks until ctx ends, then shuts down
 // gracefully. Start-up runs in an order that leaves the node untouched on
@@ -355,14 +275,14 @@ func (a *Agent) setNotIntercepting(err error) {
 // means nothing of this process is left on the node.
 func (a *Agent) Run(ctx context.Context) (err error) {
 	logger := klog.FromContext(ctx)
-	a.started, a.logger = a.now(), logger
+	a.warm.started, a.warm.logger = a.now(), logger
 	shutDown := false
 	defer func() {
 		if err != nil && !shutDown {
-			a.removeStale()
+			a.icpt.removeStale()
 		}
 	}()
-	logger.Info("Using dataplane", "dataplane", a.dataplane, "reason", a.dataplaneReason)
+	logger.Info("Using dataplane", "dataplane", a.icpt.dataplane, "reason", a.icpt.dataplaneReason)
 	// The audit backend outlives the server: it stops (delivering what
 	// it holds) only after shutdown has drained the requests.
 	if err := a.audit.Start(logger); err != nil {
@@ -372,7 +292,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	// One listener per family, on the address that family's VIPs are
 	// redirected to.
 	var ls []net.Listener
-	for _, d := range a.planes {
+	for _, d := range a.icpt.planes {
 		l, err := listen(ctx, d.listen.String())
 		if err != nil {
 			return err
@@ -422,45 +342,25 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	defer func() { stopLoops(); wg.Wait() }()
 	wg.Go(func() { a.up.run(loops, a.cfg.UpstreamHealthPeriod) })
 	wg.Go(func() { a.watchEndpoints(loops) })
-	wg.Go(func() { a.watchService(loops) })
-	if a.cfg.InterceptionConfigMap != "" {
-		wg.Go(func() { a.watchInterceptionConfigMap(loops) })
-	}
-	if a.followsLocal() {
-		wg.Go(func() { a.runDetectLocal(loops) })
-	}
 	if a.cache != nil {
 		wg.Go(func() { a.cache.Run(loops) })
 	}
-
-	if a.podPath != nil {
-		a.baselinePodPath()
-	}
-	// A first sync that fails steps aside like any later one: the agent
-	// stays up and ready (a node whose dataplane it cannot drive must not
-	// stop a rollout), reports why it does not intercept, and retries.
-	a.syncOrStepAside(ctx)
-	wg.Go(func() { a.runLiveness(loops) })
-	wg.Go(func() { a.runDegraded(loops) })
-	if a.podPath != nil {
-		wg.Go(func() { a.runPodPath(loops) })
-	}
-
-	ticker := time.NewTicker(a.cfg.SyncPeriod)
-	defer ticker.Stop()
-	var runErr error
-loop:
-	for {
+	wg.Go(func() { a.icpt.run(loops) })
+	// Degraded mode is decided once the first sync has decided whether to
+	// intercept.
+	wg.Go(func() {
 		select {
-		case <-ctx.Done():
-			break loop
-		case err := <-serveErr:
-			runErr = fmt.Errorf("serving: %w", err)
-			break loop
-		case <-ticker.C:
-		case <-a.syncNow:
+		case <-a.icpt.Decided():
+			a.runDegraded(loops)
+		case <-loops.Done():
 		}
-		a.syncOrStepAside(ctx)
+	})
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		runErr = fmt.Errorf("serving: %w", err)
 	}
 	stopLoops()
 	wg.Wait()
@@ -469,209 +369,9 @@ loop:
 	return runErr
 }
 
-// syncOrStepAside runs one sync of the run loop. When the kernel state
-// cannot be made right, it fails open: a redirect the agent cannot vouch
-// for (say, to an address it could not restore) must not stay.
-func (a *Agent) syncOrStepAside(ctx context.Context) {
-	logger := klog.FromContext(ctx)
-	if err := a.syncAndReport(ctx); err != nil {
-		logger.Error(err, "Syncing redirect failed; handing the VIP back to kube-proxy until a sync succeeds")
-		a.syncMu.Lock()
-		a.clearEntriesLocked(logger)
-		for _, d := range a.planes {
-			if err := d.rules.removeRules(); err != nil {
-				logger.Error(err, "Removing redirect rules")
-			}
-		}
-		a.syncMu.Unlock()
-	}
-	a.syncDone()
-}
-
-// syncAndReport runs one sync and keeps readiness and metrics in step with
-// its outcome. It returns only errors of the kernel state (the caller fails
-// open); an unhealthy agent or a failed self-check is a not-ready agent, not
-// an error.
-func (a *Agent) syncAndReport(ctx context.Context) error {
-	logger := klog.FromContext(ctx)
-	a.syncMu.Lock()
-	defer a.syncMu.Unlock()
-	was := a.Intercepting()
-	wasReady := was == nil
-	notReady, err := a.sync(ctx)
-	if err != nil {
-		a.setNotIntercepting(fmt.Errorf("sync failed: %w", err))
-		return err
-	}
-	if notReady == nil {
-		notReady = a.podPath.bypassErr(a.now())
-	}
-	a.setNotIntercepting(notReady)
-	switch {
-	case notReady == nil && !wasReady:
-		logger.Info("Intercepting the kubernetes Service", "vips", a.cfg.ServiceVIPs, "port", a.cfg.ServicePort,
-			"listen", a.cfg.ListenAddresses(), "link", a.planes[0].addr.Link(), "upstream", a.up.pick().Host,
-			"dataplane", a.dataplane, "dataplaneReason", a.dataplaneReason, "iptablesBackend", a.backend,
-			"livenessTimeout", a.cfg.LivenessTimeout)
-	case notReady != nil && wasReady:
-		if _, aside := errors.AsType[stepAside](notReady); aside {
-			logger.Info("Not intercepting; the kubernetes Service goes to kube-proxy's path", "reason", notReady.Error())
-		} else {
-			logger.Error(notReady, "Not intercepting; the kubernetes Service goes to kube-proxy's path")
-		}
-	case notReady != nil && notReady.Error() != was.Error():
-		logger.Info("Not intercepting", "reason", notReady.Error())
-	case notReady != nil:
-		logger.V(2).Info("Still not intercepting", "reason", notReady.Error())
-	}
-	return nil
-}
-
-// sync is the one idempotent reconciliation of the node state, run on a
-// timer and whenever something changed. a.syncMu must be held; a.planeMu
-// is taken only around changes of liveness entries.
-//
-//  1. The listen address of each family (a redirect to a missing address
-//     would black-hole traffic; the address alone attracts nothing).
-//  2. Health: certificate, upstream. Unhealthy: the liveness entries go,
-//     the rest stays, and the agent reports why (notReady).
-//  3. Per family whose listener completes a handshake and whose
-//     detect-local match is known: the sets, chain (iptables or ip6tables)
-//     and jumps ahead of kube-proxy's, and this node's pod IPs in PodIPs
-//     mode. A family that fails either loses its entries and is reported
-//     in notReady; the other family is still intercepted.
-//  4. Refresh the entries, then check that an unmarked connection to each
-//     VIP lands here. If not, the redirect is removed again, notReady says
-//     why, and the next attempt waits (the sync period, doubling up to
-//     five minutes).
-//
-// err reports kernel state that could not be made right.
-func (a *Agent) sync(ctx context.Context) (notReady, err error) {
-	logger := klog.FromContext(ctx)
-	start := a.now()
-	repaired := false
-	defer func() {
-		a.interception.syncDuration.Observe(a.now().Sub(start).Seconds())
-		switch {
-		case err != nil:
-			a.metrics.ruleSyncs.WithLabelValues("error").Inc()
-		case repaired:
-			a.metrics.ruleSyncs.WithLabelValues("repaired").Inc()
-		default:
-			a.metrics.ruleSyncs.WithLabelValues("unchanged").Inc()
-		}
-	}()
-	added := make([]bool, len(a.planes))
-	for i, d := range a.planes {
-		if added[i], err = d.addr.Sync(); err != nil {
-			return nil, err
-		}
-		repaired = repaired || added[i]
-	}
-	if err := a.health(); err != nil {
-		a.syncSawUnhealthy.Store(true)
-		a.clearEntriesLocked(logger)
-		return notInterceptingBecause(err), nil
-	}
-	a.syncSawUnhealthy.Store(false)
-	a.removeOthers(logger)
-	if a.selfCheckErr != nil && a.now().Before(a.retryAt) {
-		// The redirect did not take effect last time: stay out until the
-		// retry is due, rather than redirect in vain on every sync.
-		return a.selfCheckErr, nil
-	}
-	var up []*dataplane
-	var down []error
-	for i, d := range a.planes {
-		// A family whose listener does not serve, or whose pod traffic
-		// cannot be told apart yet (detect-local), is not intercepted.
-		match, err := a.localMatch(d.family)
-		if herr := a.listenerHealth(ctx, d); herr != nil {
-			err = herr
-		}
-		if err != nil {
-			a.planeMu.Lock()
-			cerr := d.clear()
-			a.planeMu.Unlock()
-			if cerr != nil {
-				return nil, cerr
-			}
-			down = append(down, err)
-			continue
-		}
-		d.setLocal(match)
-		setCreated, res, err := d.sync()
-		if err != nil {
-			return nil, err
-		}
-		if d.podsSet != nil {
-			// Until the first list of the node's pods arrives the set is
-			// empty: only host traffic is intercepted meanwhile.
-			ips, _ := a.local.podIPs()
-			changed, err := d.syncLocalPods(ips)
-			if err != nil {
-				return nil, err
-			}
-			repaired = repaired || changed
-		}
-		if setCreated || res.Changed() {
-			repaired = true
-			logger.V(2).Info("Synced redirect", "family", d.family.String(), "addressAdded", added[i], "setCreated", setCreated,
-				"chainCreated", res.ChainCreated, "rulesRewritten", res.RulesRewritten, "jumpsFixed", res.JumpsFixed,
-				"elapsed", a.now().Sub(start))
-		}
-		up = append(up, d)
-	}
-	a.planeMu.Lock()
-	for _, d := range up {
-		if err = d.refresh(); err != nil {
-			break
-		}
-	}
-	a.planeMu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	for _, d := range up {
-		for _, vip := range d.vips {
-			if err := a.selfCheck(ctx, vip, a.probeTimeout()); err != nil {
-				a.interception.selfChecks.WithLabelValues("failed").Inc()
-				a.clearEntriesLocked(logger)
-				for _, d := range a.planes {
-					if rerr := d.rules.removeRules(); rerr != nil {
-						return nil, errors.Join(err, rerr)
-					}
-				}
-				a.retryWait = min(max(2*a.retryWait, a.cfg.SyncPeriod), maxSelfCheckRetry)
-				a.retryAt = a.now().Add(a.retryWait)
-				a.selfCheckErr = fmt.Errorf("self-check failed, redirect removed, next attempt in %s: %w", a.retryWait, err)
-				return a.selfCheckErr, nil
-			}
-			a.interception.selfChecks.WithLabelValues("ok").Inc()
-		}
-	}
-	a.planeMu.Lock()
-	for _, d := range up {
-		d.active = true
-	}
-	a.planeMu.Unlock()
-	a.selfCheckErr, a.retryWait = nil, 0
-	if !repaired {
-		logger.V(4).Info("Redirect in sync", "elapsed", a.now().Sub(start))
-	}
-	if err := joinOneLine(down); err != nil {
-		return fmt.Errorf("unhealthy: %w", err), nil
-	}
-	return nil, nil
-}
-
 // listenerLinger is how long the listener keeps accepting after the
 // redirect is gone, at shutdown.
 const listenerLinger = 500 * time.Millisecond
-
-// maxSelfCheckRetry bounds the wait between attempts to install a redirect
-// that failed its self-check.
-const maxSelfCheckRetry = 5 * time.Minute
 
 // shutdown hands the VIP back to kube-proxy's path, then lets in-flight
 // requests finish within the grace period. The liveness entries go first
@@ -681,30 +381,7 @@ const maxSelfCheckRetry = 5 * time.Minute
 // not be removed (a redirect to a missing address would black-hole
 // traffic), or if a successor has installed its redirect meanwhile.
 func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
-	a.setStopping()
-	a.setNotIntercepting(errors.New("shutting down"))
-	// The liveness loop has stopped; planeMu is held throughout anyway,
-	// since remove clears entries too.
-	a.syncMu.Lock()
-	a.planeMu.Lock()
-	a.clearEntries(logger)
-	removed := false
-	for i := 0; i < 3 && !removed; i++ {
-		var errs []error
-		for _, d := range a.planes {
-			if err := d.remove(); err != nil {
-				errs = append(errs, err)
-			}
-		}
-		if err := errors.Join(errs...); err != nil {
-			logger.Error(err, "Removing redirect rules", "attempt", i+1)
-			time.Sleep(time.Second)
-			continue
-		}
-		removed = true
-	}
-	a.planeMu.Unlock()
-	a.syncMu.Unlock()
+	removed := a.icpt.stop(logger)
 	// Connections redirected just before the entries went may still sit
 	// in the listener's accept queue, their clients waiting for the TLS
 	// handshake: closing the listener now would reset them. They are
@@ -725,53 +402,7 @@ func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 		logger.Info("Grace period over; closing remaining connections", "gracePeriod", a.cfg.ShutdownGracePeriod)
 		_ = srv.Close()
 	}
-	if !removed {
-		logger.Info("Redirect rules could not be removed; leaving the listen address in place")
-		return
-	}
-	for _, d := range a.planes {
-		if present, err := d.rules.present(); err != nil || present {
-			logger.Info("A successor's redirect is in place; leaving the listen addresses to it")
-			return
-		}
-	}
-	for _, d := range a.planes {
-		if err := d.addr.Remove(); err != nil {
-			logger.Error(err, "Removing listen address", "address", d.listen.Addr())
-		}
-	}
-	logger.Info("Stopped; the kubernetes Service goes straight to kube-apiserver again")
-}
-
-// removeStale removes liveness sets, redirects and the address left on the
-// node, by this process's failed start or by an earlier instance that
-// died: with no agent serving, the VIP must go straight to kube-apiserver.
-// It creates nothing, so on a clean node it changes nothing.
-func (a *Agent) removeStale() {
-	logger := klog.Background()
-	a.syncMu.Lock()
-	defer a.syncMu.Unlock()
-	a.planeMu.Lock()
-	defer a.planeMu.Unlock()
-	for _, d := range a.planes {
-		if err := d.remove(); err != nil {
-			logger.Error(err, "Removing stale redirect rules")
-			return // keep the addresses the remaining jumps point to
-		}
-	}
-	for _, d := range a.others {
-		if present, err := d.rules.present(); err == nil && present {
-			if err := d.remove(); err != nil {
-				logger.Error(err, "Removing the other dataplane's stale redirect", "dataplane", otherDataplane(a.dataplane))
-				return
-			}
-		}
-	}
-	for _, d := range a.planes {
-		if err := d.addr.Remove(); err != nil {
-			logger.Error(err, "Removing stale listen address", "address", d.listen.Addr())
-		}
-	}
+	a.icpt.releaseAddresses(logger, removed)
 }
 
 // newCache builds the node-local cache and the reviewer that guards it,
@@ -815,6 +446,6 @@ func (a *Agent) newCache() error {
 	if err != nil {
 		return err
 	}
-	a.pinnedUnsynced = a.cache.PinnedUnsynced
+	a.warm.pinnedUnsynced = a.cache.PinnedUnsynced
 	return nil
 }

@@ -42,7 +42,7 @@ func newAgentFromNew(t *testing.T) *Agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(a.removeStale)
+	t.Cleanup(a.icpt.removeStale)
 	return a
 }
 

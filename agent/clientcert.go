@@ -10,8 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
-
-	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
 // Callers that authenticate with a TLS client certificate.
@@ -46,8 +44,9 @@ import (
 
 // clientCertificates hands client-certificate callers to kube-apiserver.
 type clientCertificates struct {
-	planes   []*dataplane
-	planeMu  func() func()
+	// skip sends a source to kube-proxy's path for bypass; steerable is
+	// false where it cannot (no skip set for the source's family).
+	skip     func(src netip.Addr) (steerable bool, err error)
 	bypass   time.Duration
 	isLocal  func(netip.Addr) bool
 	handoffs *prometheus.CounterVec
@@ -55,11 +54,7 @@ type clientCertificates struct {
 
 func newClientCertificates(a *Agent) *clientCertificates {
 	cc := &clientCertificates{
-		planes: a.planes,
-		planeMu: func() func() {
-			a.planeMu.Lock()
-			return a.planeMu.Unlock
-		},
+		skip:    a.icpt.skipSource,
 		bypass:  a.cfg.BypassDuration,
 		isLocal: isNodeAddress,
 		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -87,11 +82,11 @@ func (cc *clientCertificates) handOff(w http.ResponseWriter, r *http.Request) {
 	logger := klog.FromContext(r.Context())
 	subject := r.TLS.PeerCertificates[0].Subject.CommonName
 	src, err := netip.ParseAddrPort(r.RemoteAddr)
-	var d *dataplane
-	if err == nil {
-		d = cc.planeFor(src.Addr().Unmap())
+	steerable := false
+	if err == nil && !cc.isLocal(src.Addr().Unmap()) {
+		steerable, err = cc.skip(src.Addr().Unmap())
 	}
-	if d == nil || cc.isLocal(src.Addr().Unmap()) {
+	if !steerable {
 		cc.handoffs.WithLabelValues("refused").Inc()
 		logger.V(2).Info("Refusing a client-certificate caller the agent cannot steer to kube-apiserver",
 			"source", r.RemoteAddr, "commonName", subject)
@@ -100,9 +95,6 @@ func (cc *clientCertificates) handOff(w http.ResponseWriter, r *http.Request) {
 				"from the host network, connect to kube-apiserver's own address, or authenticate with a token"))
 		return
 	}
-	unlock := cc.planeMu()
-	err = d.skip.Refresh([]netip.Addr{src.Addr().Unmap()})
-	unlock()
 	w.Header().Set("Retry-After", "1")
 	w.Header().Set("Connection", "close")
 	if err != nil {
@@ -117,17 +109,6 @@ func (cc *clientCertificates) handOff(w http.ResponseWriter, r *http.Request) {
 	writeStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf(
 		"this connection presented a TLS client certificate, which the node-local API proxy cannot pass on; "+
 			"new connections from %s now reach kube-apiserver directly for %s, please retry", src.Addr(), cc.bypass), 1))
-}
-
-// planeFor returns the dataplane of addr's family if it can steer sources
-// (its skip set exists).
-func (cc *clientCertificates) planeFor(addr netip.Addr) *dataplane {
-	for _, d := range cc.planes {
-		if d.skip != nil && d.family == netrules.FamilyOf(addr) {
-			return d
-		}
-	}
-	return nil
 }
 
 // isNodeAddress reports whether addr is an address of the node's own

@@ -31,7 +31,7 @@ func TestClientCertificates(t *testing.T) {
 		c.PodPathCheckInterval = 250 * time.Millisecond
 		c.BypassDuration = 10 * time.Minute
 	})
-	if notReady, err := a.sync(context.Background()); err != nil || notReady != nil {
+	if notReady, err := a.icpt.sync(context.Background()); err != nil || notReady != nil {
 		t.Fatalf("sync = %v, %v", notReady, err)
 	}
 	reached := 0
@@ -79,7 +79,7 @@ func TestClientCertificates(t *testing.T) {
 		t.Errorf("host-network caller with a certificate: %d %s, skipped %v", w.Code, w.Body, k.ipset.Contains(skip, node))
 	}
 	// Without the skip set (the pod-path check off), nothing can be steered.
-	for _, d := range cc.planes {
+	for _, d := range a.icpt.planes {
 		d.skip = nil
 	}
 	if w = do("10.244.1.6:40003", true); w.Code != http.StatusUnauthorized {

@@ -230,19 +230,19 @@ func (d *dataplane) remove() error {
 // it, and in the other backend the same redirects as an agent that ran
 // with that one (an upgrade, a changed --dataplane) left them, to be
 // removed: never two redirects.
-func (a *Agent) buildDataplanes(k Kernel) error {
+func (ic *interceptor) buildDataplanes(k Kernel) error {
 	var err error
-	if a.dataplane, a.dataplaneReason, err = resolveDataplane(a.cfg.Dataplane, k); err != nil {
+	if ic.dataplane, ic.dataplaneReason, err = resolveDataplane(ic.cfg.Dataplane, k); err != nil {
 		return err
 	}
-	if a.planes, err = newDataplanes(a.cfg, a.dataplane, k); err != nil {
+	if ic.planes, err = newDataplanes(ic.cfg, ic.dataplane, k); err != nil {
 		return err
 	}
-	if other := otherDataplane(a.dataplane); other == DataplaneIPTables || k.NFTables != nil {
-		if a.others, err = newDataplanes(a.cfg, other, k); err != nil {
+	if other := otherDataplane(ic.dataplane); other == DataplaneIPTables || k.NFTables != nil {
+		if ic.others, err = newDataplanes(ic.cfg, other, k); err != nil {
 			// Without that backend on the node, it holds nothing.
 			klog.Background().V(2).Info("The other dataplane is not available", "dataplane", other, "err", err)
-			a.others = nil
+			ic.others = nil
 		}
 	}
 	return nil
@@ -263,25 +263,25 @@ const othersCheckPeriod = time.Minute
 
 // removeOthers removes the other backend's redirect, rules and sets, where
 // one is in place, so that two redirects never stay on the node. It looks
-// at most every othersCheckPeriod. a.syncMu must be held.
-func (a *Agent) removeOthers(logger klog.Logger) {
-	if len(a.others) == 0 || a.now().Before(a.othersCheckAt) {
+// at most every othersCheckPeriod. ic.syncMu must be held.
+func (ic *interceptor) removeOthers(logger klog.Logger) {
+	if len(ic.others) == 0 || ic.now().Before(ic.othersCheckAt) {
 		return
 	}
-	a.othersCheckAt = a.now().Add(othersCheckPeriod)
-	for _, d := range a.others {
+	ic.othersCheckAt = ic.now().Add(othersCheckPeriod)
+	for _, d := range ic.others {
 		present, err := d.rules.present()
 		if err != nil {
-			logger.V(2).Info("Looking for a redirect of the other dataplane", "dataplane", otherDataplane(a.dataplane), "err", err)
+			logger.V(2).Info("Looking for a redirect of the other dataplane", "dataplane", otherDataplane(ic.dataplane), "err", err)
 			continue
 		}
 		if !present {
 			continue
 		}
-		logger.Info("Removing the redirect of the other dataplane", "dataplane", otherDataplane(a.dataplane), "family", d.family.String())
+		logger.Info("Removing the redirect of the other dataplane", "dataplane", otherDataplane(ic.dataplane), "family", d.family.String())
 		_ = d.set.Clear(d.vips)
 		if err := d.rules.remove(); err != nil {
-			logger.Error(err, "Removing the redirect of the other dataplane", "dataplane", otherDataplane(a.dataplane))
+			logger.Error(err, "Removing the redirect of the other dataplane", "dataplane", otherDataplane(ic.dataplane))
 		}
 	}
 }

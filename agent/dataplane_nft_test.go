@@ -131,11 +131,11 @@ func TestSwitchDataplane(t *testing.T) {
 	ep := newTestEndpoint(t, ok)
 	ctx := context.Background()
 	old, _ := newSyncTestAgentWith(t, k, ep, func(c *Config) { c.Dataplane = DataplaneIPTables })
-	if notReady, err := old.sync(ctx); err != nil || notReady != nil {
+	if notReady, err := old.icpt.sync(ctx); err != nil || notReady != nil {
 		t.Fatalf("iptables agent: %v %v", notReady, err)
 	}
 	iptablesPresent := func() bool {
-		present, err := old.planes[0].rules.present()
+		present, err := old.icpt.planes[0].rules.present()
 		mustDo(t, err)
 		return present
 	}
@@ -144,7 +144,7 @@ func TestSwitchDataplane(t *testing.T) {
 	}
 	// An nftables agent starts on the node.
 	a, _ := newSyncTestAgentWith(t, k, ep, func(c *Config) { c.Dataplane = DataplaneNFTables })
-	if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+	if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
 		t.Fatalf("nftables agent: %v %v", notReady, err)
 	}
 	if iptablesPresent() {
@@ -153,12 +153,12 @@ func TestSwitchDataplane(t *testing.T) {
 	if sets := k.ipset.Save(); sets != "" {
 		t.Errorf("ipsets left:\n%s", sets)
 	}
-	if present, err := a.planes[0].rules.present(); err != nil || !present {
+	if present, err := a.icpt.planes[0].rules.present(); err != nil || !present {
 		t.Errorf("the nftables redirect is not in place: %v", err)
 	}
 	// And back: an iptables agent removes the nftables table.
 	back, _ := newSyncTestAgentWith(t, k, ep, func(c *Config) { c.Dataplane = DataplaneIPTables })
-	if notReady, err := back.sync(ctx); err != nil || notReady != nil {
+	if notReady, err := back.icpt.sync(ctx); err != nil || notReady != nil {
 		t.Fatalf("iptables agent again: %v %v", notReady, err)
 	}
 	if tables, _ := k.nft.Tables(netrules.IPv4); len(tables) != 0 {

@@ -147,7 +147,7 @@ func (a *Agent) stepDegraded(ctx context.Context, now time.Time, recheck time.Du
 		if since := m.since.Swap(0); since != 0 {
 			logger.Info("Leaving degraded mode: an upstream endpoint answers", "degradedSince", unixTime(since).UTC(),
 				"duration", now.Sub(unixTime(since)).Round(time.Millisecond), "upstream", a.up.pick().Host)
-			a.requestSync()
+			a.icpt.requestSync()
 		}
 		return
 	}
@@ -180,7 +180,7 @@ func (a *Agent) stepDegraded(ctx context.Context, now time.Time, recheck time.Du
 			logger.Info("kube-apiserver answers through kube-proxy's path, not to the agent; handing the VIP back to kube-proxy",
 				"upstream", a.up.healthy())
 		}
-		a.requestSync()
+		a.icpt.requestSync()
 	case m.since.Load() != 0:
 		logger.V(2).Info("Still degraded: kube-proxy's path fails too", "err", err)
 	case quiet >= m.after:
@@ -188,7 +188,7 @@ func (a *Agent) stepDegraded(ctx context.Context, now time.Time, recheck time.Du
 		logger.Error(a.up.healthy(), "Entering degraded mode: no kube-apiserver endpoint answers, through the agent or kube-proxy's path; "+
 			"answering cached reads to callers with a recent allow decision, failing everything else fast",
 			"decisionTTL", m.ttl, "kubeProxyPath", err.Error(), "lastAnswer", quiet.Round(time.Millisecond))
-		a.requestSync()
+		a.icpt.requestSync()
 	default:
 		// kube-proxy's path fails, but an endpoint answered too recently:
 		// probe again at the next look.
@@ -204,7 +204,7 @@ func (a *Agent) runDegraded(ctx context.Context) {
 	if a.degraded.ttl <= 0 {
 		return
 	}
-	t := time.NewTicker(a.livenessInterval())
+	t := time.NewTicker(a.cfg.livenessInterval())
 	defer t.Stop()
 	recheck := max(a.cfg.UpstreamHealthPeriod, time.Second)
 	for {
@@ -228,14 +228,12 @@ func (a *Agent) runDegraded(ctx context.Context) {
 // agent out of degraded mode: the safe side.
 func (a *Agent) probeKubeProxy(ctx context.Context) error {
 	var errs []error
-	for _, d := range a.planes {
-		for _, vip := range d.vips {
-			err := a.probeVIP(ctx, netip.AddrPortFrom(vip, a.cfg.ServicePort))
-			if err == nil {
-				return nil
-			}
-			errs = append(errs, err)
+	for _, vip := range a.icpt.vips() {
+		err := a.probeVIP(ctx, netip.AddrPortFrom(vip, a.cfg.ServicePort))
+		if err == nil {
+			return nil
 		}
+		errs = append(errs, err)
 	}
 	if len(errs) == 0 {
 		return errors.New("no Service VIP to probe")

@@ -32,8 +32,8 @@ func newDegradedTestAgent(t *testing.T, ttl time.Duration) *degradedTestAgent {
 	up := &upstreams{endpoints: []*endpoint{ep}}
 	d := &degradedTestAgent{ep: ep, now: time.Unix(1_800_000_000, 0)}
 	a := &Agent{cfg: &Config{UpstreamHealthPeriod: 2 * time.Second, LivenessTimeout: time.Second, DegradedDecisionTTL: ttl},
-		up: up, metrics: newMetrics(), syncNow: make(chan struct{}, 1), now: func() time.Time { return d.now }}
-	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = ttl, a.degradedAfter(), a.probeTimeout()
+		up: up, metrics: newMetrics(), icpt: &interceptor{syncNow: make(chan struct{}, 1)}, now: func() time.Time { return d.now }}
+	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = ttl, a.degradedAfter(), a.cfg.probeTimeout()
 	d.Agent = a
 	d.setHealthy(true)
 	return d

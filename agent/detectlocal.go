@@ -155,8 +155,8 @@ func (m localMatch) nft(podsSet string) netrules.NFTRule {
 // localMatch returns the match the prerouting entry carries for family f
 // so that only this node's own pod traffic takes it, or an error saying
 // why it cannot be built yet (a Node without podCIDRs in NodeCIDR mode).
-func (a *Agent) localMatch(f netrules.Family) (localMatch, error) {
-	c := a.cfg
+func (ic *interceptor) localMatch(f netrules.Family) (localMatch, error) {
+	c := ic.cfg
 	switch c.DetectLocalMode {
 	case DetectLocalPodIPs:
 		return localMatch{pods: true}, nil
@@ -168,7 +168,7 @@ func (a *Agent) localMatch(f netrules.Family) (localMatch, error) {
 		}
 		return localMatch{}, fmt.Errorf("detect-local: no %s --cluster-cidr", familyName(f))
 	case DetectLocalNodeCIDR:
-		cidrs, err := a.local.nodeCIDRs()
+		cidrs, err := ic.local.nodeCIDRs()
 		if err != nil {
 			return localMatch{}, err
 		}
@@ -246,10 +246,10 @@ func (l *localPods) set(key string, ips []netip.Addr) bool {
 // localClientConfig is the configuration of the agent's own watches of
 // this node's pods and Node: as the node with CacheAsNode (the agent's
 // RBAC then needs neither), else as the agent.
-func (a *Agent) localClientConfig() *rest.Config {
-	cfg := a.restConfig()
-	if a.cfg.CacheAsNode {
-		cfg.Impersonate = rest.ImpersonationConfig{UserName: apicache.NodeUsername(a.cfg.NodeName)}
+func (ic *interceptor) localClientConfig() *rest.Config {
+	cfg := ic.deps.restConfig()
+	if ic.cfg.CacheAsNode {
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: apicache.NodeUsername(ic.cfg.NodeName)}
 	}
 	// Its own user agent: its watch of this node's pods is the same
 	// request as the cache's, and kube-apiserver's audit log tells them
@@ -262,14 +262,14 @@ func (a *Agent) localClientConfig() *rest.Config {
 // Node's podCIDRs in NodeCIDR mode, this node's pods in PodIPs mode and
 // for the pod-path check, which sends only those pods to kube-proxy's path
 // (podpath.go), in every mode.
-func (a *Agent) followsLocal() bool {
-	return a.cfg.DetectLocalMode == DetectLocalNodeCIDR || a.followsLocalPods()
+func (ic *interceptor) followsLocal() bool {
+	return ic.cfg.DetectLocalMode == DetectLocalNodeCIDR || ic.followsLocalPods()
 }
 
 // followsLocalPods reports whether runDetectLocal watches this node's
 // pods.
-func (a *Agent) followsLocalPods() bool {
-	return a.cfg.DetectLocalMode == DetectLocalPodIPs || a.podPath != nil
+func (ic *interceptor) followsLocalPods() bool {
+	return ic.cfg.DetectLocalMode == DetectLocalPodIPs || ic.podPath != nil
 }
 
 // runDetectLocal feeds localPods until ctx ends: from a watch of this
@@ -277,28 +277,28 @@ func (a *Agent) followsLocalPods() bool {
 // Node, read until it names its podCIDRs. Each change the kernel holds
 // (the pods set of PodIPs mode, the podCIDRs) asks for a sync, which puts
 // it there.
-func (a *Agent) runDetectLocal(ctx context.Context) {
+func (ic *interceptor) runDetectLocal(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	client, err := kubernetes.NewForConfig(a.localClientConfig())
+	client, err := kubernetes.NewForConfig(ic.localClientConfig())
 	if err != nil {
 		logger.Error(err, "Cannot follow this node's pods for detect-local")
 		return
 	}
 	var wg sync.WaitGroup
-	if a.cfg.DetectLocalMode == DetectLocalNodeCIDR {
-		wg.Go(func() { a.readNodeCIDRs(ctx, client) })
+	if ic.cfg.DetectLocalMode == DetectLocalNodeCIDR {
+		wg.Go(func() { ic.readNodeCIDRs(ctx, client) })
 	}
-	if a.followsLocalPods() {
-		wg.Go(func() { a.watchLocalPods(ctx, client) })
+	if ic.followsLocalPods() {
+		wg.Go(func() { ic.watchLocalPods(ctx, client) })
 	}
 	wg.Wait()
 }
 
 // readNodeCIDRs reads the Node until it has podCIDRs (they never change
 // once set) or ctx ends.
-func (a *Agent) readNodeCIDRs(ctx context.Context, client kubernetes.Interface) {
+func (ic *interceptor) readNodeCIDRs(ctx context.Context, client kubernetes.Interface) {
 	for {
-		node, err := client.CoreV1().Nodes().Get(ctx, a.cfg.NodeName, metav1.GetOptions{})
+		node, err := client.CoreV1().Nodes().Get(ctx, ic.cfg.NodeName, metav1.GetOptions{})
 		var cidrs []netip.Prefix
 		if err == nil {
 			for _, s := range node.Spec.PodCIDRs {
@@ -307,16 +307,16 @@ func (a *Agent) readNodeCIDRs(ctx context.Context, client kubernetes.Interface) 
 				}
 			}
 			if len(cidrs) == 0 {
-				err = fmt.Errorf("detect-local: Node %s has no spec.podCIDRs (choose another --detect-local-mode for this IPAM)", a.cfg.NodeName)
+				err = fmt.Errorf("detect-local: Node %s has no spec.podCIDRs (choose another --detect-local-mode for this IPAM)", ic.cfg.NodeName)
 			}
 		} else {
-			err = fmt.Errorf("detect-local: reading Node %s: %w", a.cfg.NodeName, err)
+			err = fmt.Errorf("detect-local: reading Node %s: %w", ic.cfg.NodeName, err)
 		}
-		a.local.mu.Lock()
-		a.local.cidrs, a.local.cidrErr = cidrs, err
-		a.local.mu.Unlock()
+		ic.local.mu.Lock()
+		ic.local.cidrs, ic.local.cidrErr = cidrs, err
+		ic.local.mu.Unlock()
 		if err == nil {
-			a.requestSync()
+			ic.requestSync()
 			return
 		}
 		select {
@@ -333,14 +333,14 @@ func (a *Agent) readNodeCIDRs(ctx context.Context, client kubernetes.Interface) 
 // intercepted, and their IPs are the node's. Only in PodIPs mode does a
 // change ask for a sync: in the other modes the kernel holds no pods set,
 // and the pod-path check reads the IPs as it scans.
-func (a *Agent) watchLocalPods(ctx context.Context, client kubernetes.Interface) {
+func (ic *interceptor) watchLocalPods(ctx context.Context, client kubernetes.Interface) {
 	requestSync := func() {
-		if a.cfg.DetectLocalMode == DetectLocalPodIPs {
-			a.requestSync()
+		if ic.cfg.DetectLocalMode == DetectLocalPodIPs {
+			ic.requestSync()
 		}
 	}
 	lw := cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", metav1.NamespaceAll, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.cfg.NodeName).String()
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", ic.cfg.NodeName).String()
 	})
 	update := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
@@ -356,7 +356,7 @@ func (a *Agent) watchLocalPods(ctx context.Context, client kubernetes.Interface)
 			}
 		}
 		slices.SortFunc(ips, netip.Addr.Compare)
-		if a.local.set(pod.Namespace+"/"+pod.Name, ips) {
+		if ic.local.set(pod.Namespace+"/"+pod.Name, ips) {
 			requestSync()
 		}
 	}
@@ -380,7 +380,7 @@ func (a *Agent) watchLocalPods(ctx context.Context, client kubernetes.Interface)
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
 			}
-			if pod, ok := obj.(*corev1.Pod); ok && a.local.set(pod.Namespace+"/"+pod.Name, nil) {
+			if pod, ok := obj.(*corev1.Pod); ok && ic.local.set(pod.Namespace+"/"+pod.Name, nil) {
 				requestSync()
 			}
 		},
@@ -388,11 +388,11 @@ func (a *Agent) watchLocalPods(ctx context.Context, client kubernetes.Interface)
 	go inf.Run(ctx.Done())
 	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		// An empty node has no events: mark the first list as arrived.
-		a.local.mu.Lock()
-		if a.local.ips == nil {
-			a.local.ips = map[string][]netip.Addr{}
+		ic.local.mu.Lock()
+		if ic.local.ips == nil {
+			ic.local.ips = map[string][]netip.Addr{}
 		}
-		a.local.mu.Unlock()
+		ic.local.mu.Unlock()
 		requestSync()
 	}
 	<-ctx.Done()

@@ -42,7 +42,7 @@ func startTLS(t *testing.T, a *Agent, l net.Listener) *httptest.Server {
 
 func newDualStackTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) *dualStackTestAgent {
 	t.Helper()
-	a := &Agent{probes: newProbes(), metrics: newMetrics(), syncNow: make(chan struct{}, 1), now: time.Now}
+	a := &Agent{probes: newProbes(), metrics: newMetrics(), now: time.Now}
 	cert := ep.srv.TLS.Certificates[0]
 	a.cert = probeTestCert{&cert}
 	var l4, l6 net.Listener
@@ -147,14 +147,14 @@ func TestSyncDualStack(t *testing.T) {
 	// IPv4 one.
 	loopCtx, stopLoop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { s.runLiveness(loopCtx) })
+	wg.Go(func() { s.icpt.runLiveness(loopCtx) })
 	// The sync the loop requests is the run loop's job; drain requests.
 	wg.Go(func() {
 		for {
 			select {
 			case <-loopCtx.Done():
 				return
-			case <-s.syncNow:
+			case <-s.icpt.syncNow:
 			}
 		}
 	})
@@ -194,7 +194,7 @@ func TestSyncDualStack(t *testing.T) {
 
 	// When the agent goes away, then only kube-proxy's rules are left, in
 	// both tables, with no set and no address.
-	s.removeStale()
+	s.icpt.removeStale()
 	if diff := cmp.Diff(nat4, k.ipt.Save("nat")); diff != "" {
 		t.Errorf("iptables nat after removal (-before +after):\n%s", diff)
 	}
@@ -211,11 +211,11 @@ func TestSyncDualStack(t *testing.T) {
 
 // syncLocked runs one sync as the run loop does, under syncMu.
 func (a *Agent) syncLocked(ctx context.Context) (error, error) {
-	a.syncMu.Lock()
-	defer a.syncMu.Unlock()
-	notReady, err := a.sync(ctx)
+	a.icpt.syncMu.Lock()
+	defer a.icpt.syncMu.Unlock()
+	notReady, err := a.icpt.sync(ctx)
 	if err == nil {
-		a.setNotIntercepting(notReady)
+		a.icpt.setNotIntercepting(notReady)
 	}
 	return notReady, err
 }

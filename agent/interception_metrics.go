@@ -5,7 +5,7 @@ import (
 )
 
 // interceptionMetrics are the metrics of the dead-man switch, the
-// self-check and the upstream endpoints.
+// self-check and the rule syncs.
 type interceptionMetrics struct {
 	liveness   *prometheus.CounterVec
 	selfChecks *prometheus.CounterVec
@@ -16,7 +16,7 @@ type interceptionMetrics struct {
 	syncDuration prometheus.Histogram
 }
 
-func newInterceptionMetrics(reg prometheus.Registerer, up *upstreams) *interceptionMetrics {
+func newInterceptionMetrics(reg prometheus.Registerer) *interceptionMetrics {
 	m := &interceptionMetrics{
 		liveness: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_liveness_refreshes_total",
@@ -37,7 +37,7 @@ func newInterceptionMetrics(reg prometheus.Registerer, up *upstreams) *intercept
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
 	}
-	reg.MustRegister(m.liveness, m.selfChecks, m.refreshGap, m.syncDuration, &upstreamCollector{up: up})
+	reg.MustRegister(m.liveness, m.selfChecks, m.refreshGap, m.syncDuration)
 	return m
 }
 

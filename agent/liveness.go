@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -18,67 +17,31 @@ import (
 const refreshesPerTimeout = 4
 
 // livenessInterval is the time between refreshes.
-func (a *Agent) livenessInterval() time.Duration {
-	return max(a.cfg.LivenessTimeout/refreshesPerTimeout, 250*time.Millisecond)
+func (c *Config) livenessInterval() time.Duration {
+	return max(c.LivenessTimeout/refreshesPerTimeout, 250*time.Millisecond)
 }
 
 // probeTimeout bounds each health probe, so that a check finishes well
 // within the time an entry lives.
-func (a *Agent) probeTimeout() time.Duration {
-	return min(max(a.cfg.LivenessTimeout/3, 500*time.Millisecond), 3*time.Second)
+func (c *Config) probeTimeout() time.Duration {
+	return min(max(c.LivenessTimeout/3, 500*time.Millisecond), 3*time.Second)
 }
 
-// health returns nil while the agent can stand in for kube-apiserver: its
-// certificate is ready and an upstream endpoint is healthy, or it is in
-// degraded mode (or deciding whether to enter it). Otherwise it says why
-// not. Each family's listener is checked on its own
-// (listenerHealth): one family's failure takes only that family's VIPs
-// back to kube-proxy.
-func (a *Agent) health() error {
-	if err := a.switchedOff(); err != nil {
+// health returns nil while the agent may intercept: the kill switch and
+// the Service check let it, and it can stand in for kube-apiserver
+// (interceptorDeps.health). Otherwise it says why not. Each family's
+// listener is checked on its own (listenerHealth): one family's failure
+// takes only that family's VIPs back to kube-proxy.
+func (ic *interceptor) health() error {
+	if err := ic.switchedOff(); err != nil {
 		return err
 	}
-	if err := a.cert.Ready(); err != nil {
-		return fmt.Errorf("serving certificate not ready: %w", err)
-	}
-	if err := a.up.healthy(); err != nil {
-		// Unless this is an outage the pods suffer anyway (degraded.go).
-		if err := a.degraded.covers(a.now(), err); err != nil {
-			return err
-		}
-	}
-	return a.warmup()
-}
-
-// warmup returns nil once the pinned resources have synced, or once
-// CacheWarmupTimeout has passed since the run began, whichever is first;
-// from then on it always does. Until then the agent does not intercept:
-// an agent whose memory limit is too low for the cluster is killed while
-// it lists, and a crash loop of such agents must not take the node's
-// traffic on every restart.
-func (a *Agent) warmup() error {
-	if a.warmedUp.Load() || a.pinnedUnsynced == nil {
-		return nil
-	}
-	pending := a.pinnedUnsynced()
-	logger := a.logger
-	switch {
-	case len(pending) == 0:
-		logger.Info("Pinned resources synced", "elapsed", a.now().Sub(a.started).Round(time.Millisecond))
-	case !a.now().Before(a.started.Add(a.cfg.CacheWarmupTimeout)):
-		logger.Info("Intercepting before the pinned resources synced; their reads are forwarded until they do",
-			"timeout", a.cfg.CacheWarmupTimeout, "unsynced", pending)
-	default:
-		return fmt.Errorf("waiting up to %s after start-up for the pinned resources to sync: %s",
-			a.cfg.CacheWarmupTimeout, strings.Join(pending, ", "))
-	}
-	a.warmedUp.Store(true)
-	return nil
+	return ic.deps.health()
 }
 
 // listenerHealth returns nil while d's listener completes a TLS handshake.
-func (a *Agent) listenerHealth(ctx context.Context, d *dataplane) error {
-	if err := a.checkListener(ctx, d.listen, a.probeTimeout()); err != nil {
+func (ic *interceptor) listenerHealth(ctx context.Context, d *dataplane) error {
+	if err := checkListener(ctx, d.listen, ic.cfg.probeTimeout()); err != nil {
 		return fmt.Errorf("%s listener not serving: %w", familyName(d.family), err)
 	}
 	return nil
@@ -112,9 +75,9 @@ func joinOneLine(errs []error) error {
 // fails, only that family's entries go. Either way a sync is requested,
 // which reports not-ready and restores interception once the agent is
 // healthy again.
-func (a *Agent) runLiveness(ctx context.Context) {
+func (ic *interceptor) runLiveness(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	t := time.NewTicker(a.livenessInterval())
+	t := time.NewTicker(ic.cfg.livenessInterval())
 	defer t.Stop()
 	// lastRefresh is when the entries were last refreshed, zero after a
 	// tick that did not refresh them.
@@ -125,26 +88,26 @@ func (a *Agent) runLiveness(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		healthErr := a.health()
-		if healthErr == nil && a.syncSawUnhealthy.CompareAndSwap(true, false) {
+		healthErr := ic.health()
+		if healthErr == nil && ic.syncSawUnhealthy.CompareAndSwap(true, false) {
 			// Healthy since the last sync found otherwise (a certificate
 			// issued, an upstream back): intercept now rather than at the
 			// next sync period.
-			a.requestSync()
+			ic.requestSync()
 		}
 		// Listeners are checked outside the lock: a handshake takes time.
-		listenerErrs := make([]error, len(a.planes))
+		listenerErrs := make([]error, len(ic.planes))
 		if healthErr == nil {
-			for i, d := range a.planes {
-				listenerErrs[i] = a.listenerHealth(ctx, d)
+			for i, d := range ic.planes {
+				listenerErrs[i] = ic.listenerHealth(ctx, d)
 			}
 		}
 		if ctx.Err() != nil {
 			return
 		}
-		a.planeMu.Lock()
+		ic.planeMu.Lock()
 		if ctx.Err() != nil {
-			a.planeMu.Unlock()
+			ic.planeMu.Unlock()
 			return
 		}
 		refreshed := false
@@ -153,25 +116,25 @@ func (a *Agent) runLiveness(ctx context.Context) {
 			if _, aside := errors.AsType[stepAside](healthErr); aside {
 				// On purpose (the kill switch, a configuration that does
 				// not match the Service): not a failure to alert on.
-				a.interception.liveness.WithLabelValues("stepped-aside").Inc()
+				ic.metrics.liveness.WithLabelValues("stepped-aside").Inc()
 			} else {
-				a.interception.liveness.WithLabelValues("unhealthy").Inc()
+				ic.metrics.liveness.WithLabelValues("unhealthy").Inc()
 			}
-			if _, aside := errors.AsType[stepAside](healthErr); a.Intercepting() == nil && aside {
+			if _, aside := errors.AsType[stepAside](healthErr); ic.Intercepting() == nil && aside {
 				logger.Info("Handing the VIP back to kube-proxy", "reason", healthErr.Error())
-			} else if a.Intercepting() == nil {
+			} else if ic.Intercepting() == nil {
 				logger.Error(healthErr, "Agent unhealthy; handing the VIP back to kube-proxy")
 			}
-			a.clearEntries(logger)
-			a.setNotIntercepting(notInterceptingBecause(healthErr))
-			a.requestSync()
-		case !a.anyActive():
+			ic.clearEntries(logger)
+			ic.setNotIntercepting(notInterceptingBecause(healthErr))
+			ic.requestSync()
+		case !ic.anyActive():
 			// Not intercepting (start-up, failed sync or self-check): the
 			// sync loop decides when to start again.
-			a.interception.liveness.WithLabelValues("skipped").Inc()
+			ic.metrics.liveness.WithLabelValues("skipped").Inc()
 		default:
 			var errs, down []error
-			for i, d := range a.planes {
+			for i, d := range ic.planes {
 				switch {
 				case !d.active:
 					// This family is not intercepted; sync decides.
@@ -187,31 +150,31 @@ func (a *Agent) runLiveness(ctx context.Context) {
 				}
 			}
 			if err := joinOneLine(down); err != nil {
-				a.interception.liveness.WithLabelValues("unhealthy").Inc()
+				ic.metrics.liveness.WithLabelValues("unhealthy").Inc()
 				logger.Error(err, "Listener not serving; handing its family's VIPs back to kube-proxy")
-				a.setNotIntercepting(fmt.Errorf("unhealthy: %w", err))
-				a.requestSync()
+				ic.setNotIntercepting(fmt.Errorf("unhealthy: %w", err))
+				ic.requestSync()
 			}
 			if err := errors.Join(errs...); err != nil {
-				a.interception.liveness.WithLabelValues("error").Inc()
+				ic.metrics.liveness.WithLabelValues("error").Inc()
 				logger.Error(err, "Refreshing the liveness set failed; repairing")
-				a.requestSync()
+				ic.requestSync()
 			} else if len(down) == 0 {
-				a.interception.liveness.WithLabelValues("refreshed").Inc()
+				ic.metrics.liveness.WithLabelValues("refreshed").Inc()
 				refreshed = true
 			}
 		}
-		a.planeMu.Unlock()
-		if now := a.now(); !refreshed {
+		ic.planeMu.Unlock()
+		if now := ic.now(); !refreshed {
 			lastRefresh = time.Time{}
 		} else {
 			if !lastRefresh.IsZero() {
 				gap := now.Sub(lastRefresh)
-				a.interception.refreshGap.Observe(gap.Seconds())
-				if gap >= a.cfg.LivenessTimeout {
+				ic.metrics.refreshGap.Observe(gap.Seconds())
+				if gap >= ic.cfg.LivenessTimeout {
 					// The entry may have expired meanwhile: connections
 					// went to kube-proxy's path for a moment.
-					a.lastLapse.Store(now.UnixNano())
+					ic.lastLapse.Store(now.UnixNano())
 				}
 			}
 			lastRefresh = now
@@ -219,10 +182,10 @@ func (a *Agent) runLiveness(ctx context.Context) {
 	}
 }
 
-// anyActive reports whether some family is intercepted. a.planeMu must be
+// anyActive reports whether some family is intercepted. ic.planeMu must be
 // held.
-func (a *Agent) anyActive() bool {
-	for _, d := range a.planes {
+func (ic *interceptor) anyActive() bool {
+	for _, d := range ic.planes {
 		if d.active {
 			return true
 		}
@@ -230,17 +193,17 @@ func (a *Agent) anyActive() bool {
 	return false
 }
 
-// clearEntriesLocked takes a.planeMu and deletes every liveness entry.
-func (a *Agent) clearEntriesLocked(logger klog.Logger) {
-	a.planeMu.Lock()
-	defer a.planeMu.Unlock()
-	a.clearEntries(logger)
+// clearEntriesLocked takes ic.planeMu and deletes every liveness entry.
+func (ic *interceptor) clearEntriesLocked(logger klog.Logger) {
+	ic.planeMu.Lock()
+	defer ic.planeMu.Unlock()
+	ic.clearEntries(logger)
 }
 
 // clearEntries deletes every liveness entry; no family is active any more.
-// a.planeMu must be held.
-func (a *Agent) clearEntries(logger klog.Logger) {
-	for _, d := range a.planes {
+// ic.planeMu must be held.
+func (ic *interceptor) clearEntries(logger klog.Logger) {
+	for _, d := range ic.planes {
 		if err := d.clear(); err != nil {
 			logger.Error(err, "Deleting liveness entries")
 		}
@@ -248,9 +211,9 @@ func (a *Agent) clearEntries(logger klog.Logger) {
 }
 
 // requestSync asks the run loop for a sync soon; it never blocks.
-func (a *Agent) requestSync() {
+func (ic *interceptor) requestSync() {
 	select {
-	case a.syncNow <- struct{}{}:
+	case ic.syncNow <- struct{}{}:
 	default:
 	}
 }

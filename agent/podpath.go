@@ -200,8 +200,8 @@ func (p *podPath) status(now time.Time) string {
 }
 
 // runPodPath scans every PodPathCheckInterval until ctx ends.
-func (a *Agent) runPodPath(ctx context.Context) {
-	t := time.NewTicker(a.cfg.PodPathCheckInterval)
+func (ic *interceptor) runPodPath(ctx context.Context) {
+	t := time.NewTicker(ic.cfg.PodPathCheckInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -209,26 +209,26 @@ func (a *Agent) runPodPath(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		a.scanPodPath(klog.FromContext(ctx))
+		ic.scanPodPath(klog.FromContext(ctx))
 	}
 }
 
 // scanPodPath runs one scan of every intercepted family.
-func (a *Agent) scanPodPath(logger klog.Logger) {
-	p := a.podPath
+func (ic *interceptor) scanPodPath(logger klog.Logger) {
+	p := ic.podPath
 	defer p.scans.Inc()
-	a.planeMu.Lock()
+	ic.planeMu.Lock()
 	type plane struct {
 		d      *dataplane
 		active bool
 	}
-	planes := make([]plane, len(a.planes))
-	for i, d := range a.planes {
+	planes := make([]plane, len(ic.planes))
+	for i, d := range ic.planes {
 		planes[i] = plane{d, d.active}
 	}
-	a.planeMu.Unlock()
+	ic.planeMu.Unlock()
 
-	now := a.now()
+	now := ic.now()
 	ignored := map[netip.AddrPort]bool{}
 	pods := map[*dataplane]map[netip.Addr]bool{}
 	seen := map[netrules.Flow]bool{}
@@ -249,7 +249,7 @@ func (a *Agent) scanPodPath(logger klog.Logger) {
 		}
 		// Nor while the liveness entry may have lapsed since the last
 		// scan, which sent connections to kube-proxy's path for a moment.
-		lapsed := a.lastLapse.Load() >= p.lastScanNanos()
+		lapsed := ic.lastLapse.Load() >= p.lastScanNanos()
 		var skipped map[netip.Addr]bool
 		bypassCandidate := func(src netip.Addr) bool {
 			if d.podsSet == nil || lapsed || !p.wasActive(d) || !p.hadPod(d, src) || !pods[d][src] {
@@ -269,7 +269,7 @@ func (a *Agent) scanPodPath(logger klog.Logger) {
 		}
 		flows := map[netip.AddrPort]netrules.Flow{}
 		for _, vip := range d.vips {
-			fs, err := p.ct.Flows(d.family, netip.AddrPortFrom(vip, a.cfg.ServicePort))
+			fs, err := p.ct.Flows(d.family, netip.AddrPortFrom(vip, ic.cfg.ServicePort))
 			if err != nil {
 				logger.Error(err, "Pod-path check: listing conntrack flows")
 				continue
@@ -312,7 +312,7 @@ func (a *Agent) scanPodPath(logger klog.Logger) {
 		}
 		logger.V(5).Info("Pod-path scan", "family", familyName(d.family), "attempts", len(attempts), "flows", len(flows), "pending", len(pending), "unanswered", len(unanswered))
 		if len(unanswered) > 0 {
-			a.judgeUnanswered(logger, d, unanswered, now)
+			ic.judgeUnanswered(logger, d, unanswered, now)
 		}
 	}
 	p.mu.Lock()
@@ -369,10 +369,10 @@ func addrSet(ips []netip.Addr, err error) map[netip.Addr]bool {
 // connection attempts already in the seen sets: a predecessor killed
 // meanwhile refused them, which is no filter's doing, so they are never
 // judged. Flows are known from the first scan on.
-func (a *Agent) baselinePodPath() {
-	p := a.podPath
+func (ic *interceptor) baselinePodPath() {
+	p := ic.podPath
 	ignored := map[netip.AddrPort]bool{}
-	for _, d := range a.planes {
+	for _, d := range ic.planes {
 		if d.seen == nil {
 			continue
 		}
@@ -414,8 +414,8 @@ func (p *podPath) isNew(f netrules.Flow) bool {
 // them: its unanswered flows are deleted, so that their next SYN is NATed
 // and recorded afresh, and once blockedAttempts of its attempts went
 // unanswered within strikeTTL it goes to kube-proxy's path.
-func (a *Agent) judgeUnanswered(logger klog.Logger, d *dataplane, unanswered map[netip.Addr][]netrules.Flow, now time.Time) {
-	p := a.podPath
+func (ic *interceptor) judgeUnanswered(logger klog.Logger, d *dataplane, unanswered map[netip.Addr][]netrules.Flow, now time.Time) {
+	p := ic.podPath
 	family := familyName(d.family)
 	nodeAddrs, err := p.nodeAddrs()
 	if err != nil {
@@ -424,7 +424,7 @@ func (a *Agent) judgeUnanswered(logger klog.Logger, d *dataplane, unanswered map
 		logger.Error(err, "Pod-path check: unanswered attempts not judged")
 		return
 	}
-	ips, listed := a.local.podIPs()
+	ips, listed := ic.local.podIPs()
 	pods := make(map[netip.Addr]bool, len(ips))
 	for _, ip := range ips {
 		pods[ip] = true
@@ -459,7 +459,7 @@ func (a *Agent) judgeUnanswered(logger klog.Logger, d *dataplane, unanswered map
 				"unanswered", n, "skipAt", blockedAttempts)
 			continue
 		}
-		a.skipBlocked(logger, d, src, now)
+		ic.skipBlocked(logger, d, src, now)
 	}
 	if len(refused) > 0 {
 		logger.V(2).Info("Pod-path check: unanswered attempts from sources it never sends to kube-proxy's path (forged packets look like this)",
@@ -486,11 +486,11 @@ func (p *podPath) strike(src netip.Addr, n int, now time.Time) int {
 // skipBlocked sends src, blockedAttempts of whose redirected connection
 // attempts went unanswered, to kube-proxy's path for BypassDuration. Its
 // count starts again once it has been sent.
-func (a *Agent) skipBlocked(logger klog.Logger, d *dataplane, src netip.Addr, now time.Time) {
-	p := a.podPath
-	a.planeMu.Lock()
+func (ic *interceptor) skipBlocked(logger klog.Logger, d *dataplane, src netip.Addr, now time.Time) {
+	p := ic.podPath
+	ic.planeMu.Lock()
 	err := d.skip.Refresh([]netip.Addr{src})
-	a.planeMu.Unlock()
+	ic.planeMu.Unlock()
 	if err != nil {
 		// Its count stands: the next unanswered attempt tries again.
 		logger.Error(err, "Pod-path check: adding a blocked source to the skip set", "source", src)
@@ -501,12 +501,12 @@ func (a *Agent) skipBlocked(logger klog.Logger, d *dataplane, src netip.Addr, no
 	p.mu.Unlock()
 	p.blocked.WithLabelValues(familyName(d.family)).Inc()
 	msg := fmt.Sprintf("%s: %d connection attempts to the kubernetes Service were redirected to the agent and dropped on the way (a NetworkPolicy or host firewall must allow %s); that source goes to kube-proxy's path for %s",
-		src, blockedAttempts, d.listen, a.cfg.BypassDuration)
+		src, blockedAttempts, d.listen, ic.cfg.BypassDuration)
 	p.mu.Lock()
 	p.lastBlocked, p.lastBlockedAt = msg, now
 	p.mu.Unlock()
 	logger.Error(nil, "Pod traffic to the agent is dropped; failing open for its source", "source", src,
-		"listen", d.listen, "unansweredAttempts", blockedAttempts, "bypassDuration", a.cfg.BypassDuration)
+		"listen", d.listen, "unansweredAttempts", blockedAttempts, "bypassDuration", ic.cfg.BypassDuration)
 }
 
 // bypassedBy records the new flow f from a pod of this node that reached

@@ -32,7 +32,7 @@ func TestPodPathKernel(t *testing.T) {
 		// Given the agent's redirect, kube-proxy's DNAT of the VIP to an
 		// "apiserver" on the node, and the pod known as a pod of this node,
 		a, d, vip := newPodPathKernelAgent(t, n, DetectLocalNone)
-		a.local.set("default/pod", []netip.Addr{podVeth4.Addr()})
+		a.icpt.local.set("default/pod", []netip.Addr{podVeth4.Addr()})
 		ipt, err := netrules.OpenIPTables(n.backend, netrules.IPv4)
 		mustDo(t, err)
 		if got, err := dialFrom(n.podNS, vip); err != nil || got != "agent" {
@@ -41,12 +41,12 @@ func TestPodPathKernel(t *testing.T) {
 		// An answered connection is not blocked, however often it is
 		// looked at.
 		for range 3 {
-			<-inNodeNS(t, n, func() { a.scanPodPath(klog.Background()) })
+			<-inNodeNS(t, n, func() { a.icpt.scanPodPath(klog.Background()) })
 		}
 		if attempts, err := d.seen.Entries(); err != nil || len(attempts) != 1 {
 			t.Errorf("attempts recorded = %v, %v; want the one connection", attempts, err)
 		}
-		if got := testutil.ToFloat64(a.podPath.blocked.WithLabelValues("IPv4")); got != 0 {
+		if got := testutil.ToFloat64(a.icpt.podPath.blocked.WithLabelValues("IPv4")); got != 0 {
 			t.Fatalf("an answered connection counted as blocked (%v)", got)
 		}
 
@@ -61,7 +61,7 @@ func TestPodPathKernel(t *testing.T) {
 					return
 				case <-time.After(a.cfg.PodPathCheckInterval):
 				}
-				a.scanPodPath(klog.Background())
+				a.icpt.scanPodPath(klog.Background())
 			}
 		})
 		start := time.Now()
@@ -83,10 +83,10 @@ func TestPodPathKernel(t *testing.T) {
 		if len(skipped) != 1 || skipped[0] != podVeth4.Addr() {
 			t.Errorf("skip set = %v, want the pod", skipped)
 		}
-		if got := testutil.ToFloat64(a.podPath.blocked.WithLabelValues("IPv4")); got != 1 {
+		if got := testutil.ToFloat64(a.icpt.podPath.blocked.WithLabelValues("IPv4")); got != 1 {
 			t.Errorf("blocked = %v, want 1", got)
 		}
-		if got := testutil.ToFloat64(a.podPath.unanswered.WithLabelValues("IPv4", unansweredCounted)); got != blockedAttempts {
+		if got := testutil.ToFloat64(a.icpt.podPath.unanswered.WithLabelValues("IPv4", unansweredCounted)); got != blockedAttempts {
 			t.Errorf("unanswered attempts counted = %v, want %d", got, blockedAttempts)
 		}
 		// The node itself is still intercepted (the entry refreshed, as
@@ -148,13 +148,13 @@ func TestPodPathSpoofedKernel(t *testing.T) {
 		for _, iface := range []string{"all", "kac-node"} {
 			mustDo(t, os.WriteFile("/proc/sys/net/ipv4/conf/"+iface+"/rp_filter", []byte("1"), 0o644))
 		}
-		a.local.set("default/sender", []netip.Addr{podVeth4.Addr()})
-		a.local.set("default/victim", []netip.Addr{victim.Addr()})
+		a.icpt.local.set("default/sender", []netip.Addr{podVeth4.Addr()})
+		a.icpt.local.set("default/victim", []netip.Addr{victim.Addr()})
 		node := nodeVeth4.Addr()
 		scan := func(times int) {
 			<-inNodeNS(t, n, func() {
 				for range times {
-					a.scanPodPath(klog.Background())
+					a.icpt.scanPodPath(klog.Background())
 					time.Sleep(a.cfg.PodPathCheckInterval)
 				}
 			})
@@ -219,7 +219,7 @@ func TestPodPathSpoofedKernel(t *testing.T) {
 			outcome string
 			want    float64
 		}{{unansweredNodeAddress, 2}, {unansweredCounted, 2}} {
-			if got := testutil.ToFloat64(a.podPath.unanswered.WithLabelValues("IPv4", o.outcome)); got != o.want {
+			if got := testutil.ToFloat64(a.icpt.podPath.unanswered.WithLabelValues("IPv4", o.outcome)); got != o.want {
 				t.Errorf("unanswered attempts %s = %v, want %v", o.outcome, got, o.want)
 			}
 		}
@@ -257,8 +257,8 @@ func newPodPathKernelAgent(t *testing.T, n *kernelNode, mode string) (*Agent, *d
 	planes, err := newDataplanes(cfg, DataplaneIPTables, k)
 	mustDo(t, err)
 	d := planes[0]
-	a := &Agent{cfg: cfg, planes: planes, now: time.Now, local: newLocalPods(),
-		podPath: newPodPath(k.Conntrack, prometheus.NewRegistry())}
+	a := &Agent{cfg: cfg, icpt: &interceptor{cfg: cfg, planes: planes, now: time.Now, local: newLocalPods(),
+		podPath: newPodPath(k.Conntrack, prometheus.NewRegistry())}}
 
 	ipt, err := k.IPTables(netrules.IPv4)
 	mustDo(t, err)
@@ -279,7 +279,7 @@ func newPodPathKernelAgent(t *testing.T, n *kernelNode, mode string) (*Agent, *d
 	serveBanner(t, l, "agent")
 	_, err = d.addr.Sync()
 	mustDo(t, err)
-	match, err := a.localMatch(d.family)
+	match, err := a.icpt.localMatch(d.family)
 	mustDo(t, err)
 	d.setLocal(match)
 	_, _, err = d.sync()

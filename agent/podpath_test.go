@@ -33,14 +33,13 @@ func TestPodPath(t *testing.T) {
 		c.PodPathCheckInterval = 250 * time.Millisecond
 		c.BypassDuration = 10 * time.Minute
 	})
-	a.podPath = newPodPath(k.ct, a.metrics.registry)
 	ctx := context.Background()
 	logger := klog.Background()
 	pod := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, 1, byte(i)}) }
-	a.local.set("default/a", []netip.Addr{pod(5)})
-	a.local.set("default/b", []netip.Addr{pod(6)})
-	a.local.set("default/c", []netip.Addr{pod(7)})
-	if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+	a.icpt.local.set("default/a", []netip.Addr{pod(5)})
+	a.icpt.local.set("default/b", []netip.Addr{pod(6)})
+	a.icpt.local.set("default/c", []netip.Addr{pod(7)})
+	if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
 		t.Fatalf("sync = %v, %v", notReady, err)
 	}
 	apiserver := netip.MustParseAddrPort("10.250.0.2:6443")
@@ -59,10 +58,10 @@ func TestPodPath(t *testing.T) {
 	// the agent first intercepted (baselinePodPath),
 	k.ct.Add(flow(pod(5), 30000, apiserver, true))
 	attempt(pod(6), 39999)
-	a.baselinePodPath()
-	a.scanPodPath(logger)
-	a.scanPodPath(logger)
-	if got := testutil.ToFloat64(a.podPath.blocked.WithLabelValues("IPv4")); got != 0 {
+	a.icpt.baselinePodPath()
+	a.icpt.scanPodPath(logger)
+	a.icpt.scanPodPath(logger)
+	if got := testutil.ToFloat64(a.icpt.podPath.blocked.WithLabelValues("IPv4")); got != 0 {
 		t.Fatalf("an attempt older than the agent counted as blocked (%v)", got)
 	}
 
@@ -74,7 +73,7 @@ func TestPodPath(t *testing.T) {
 	attempt(pod(6), 40001)
 	k.ct.Add(flow(pod(6), 40001, vip, true)) // answered: fine
 	for range 4 {
-		a.scanPodPath(logger)
+		a.icpt.scanPodPath(logger)
 	}
 	if k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod(5)) {
 		t.Fatal("source skipped on one unanswered packet")
@@ -83,11 +82,11 @@ func TestPodPath(t *testing.T) {
 	// once judged) goes unanswered too, its source goes to kube-proxy's
 	// path;
 	attempt(pod(5), 40000)
-	a.scanPodPath(logger)
+	a.icpt.scanPodPath(logger)
 	if k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod(5)) {
 		t.Fatal("source skipped before its second attempt was judged")
 	}
-	a.scanPodPath(logger)
+	a.icpt.scanPodPath(logger)
 	if !k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod(5)) {
 		t.Fatalf("blocked source not in the skip set:\n%s", k.ipset.Save())
 	}
@@ -108,8 +107,8 @@ func TestPodPath(t *testing.T) {
 	for range blockedAttempts {
 		attempt(pod(7), 40005)
 		k.ct.Add(unanswered)
-		a.scanPodPath(logger)
-		a.scanPodPath(logger)
+		a.icpt.scanPodPath(logger)
+		a.icpt.scanPodPath(logger)
 	}
 	if len(k.ct.Deleted) != blockedAttempts || k.ct.Deleted[0] != unanswered || k.ct.Deleted[1] != unanswered {
 		t.Errorf("deleted flows = %+v, want the unanswered one, once per attempt", k.ct.Deleted)
@@ -118,10 +117,10 @@ func TestPodPath(t *testing.T) {
 		t.Fatalf("source of unanswered flows not in the skip set:\n%s", k.ipset.Save())
 	}
 	mustDo(t, k.ipset.IpsetDel(skipSetName(a.cfg, netrules.IPv4), &netlink.IPSetEntry{IP: pod(7).AsSlice()}))
-	if got := testutil.ToFloat64(a.podPath.blocked.WithLabelValues("IPv4")); got != 2 {
+	if got := testutil.ToFloat64(a.icpt.podPath.blocked.WithLabelValues("IPv4")); got != 2 {
 		t.Errorf("blocked = %v, want 2", got)
 	}
-	if got := testutil.ToFloat64(a.podPath.unanswered.WithLabelValues("IPv4", unansweredCounted)); got != 2*blockedAttempts {
+	if got := testutil.ToFloat64(a.icpt.podPath.unanswered.WithLabelValues("IPv4", unansweredCounted)); got != 2*blockedAttempts {
 		t.Errorf("unanswered attempts counted = %v, want %d (of pods %s and %s)", got, 2*blockedAttempts, pod(5), pod(7))
 	}
 	if note := a.interceptionNote(); !strings.Contains(note, "dropped on the way") || !strings.Contains(note, pod(7).String()) {
@@ -131,27 +130,27 @@ func TestPodPath(t *testing.T) {
 	// When the skipped source connects again, through kube-proxy, that is
 	// no bypass;
 	k.ct.Add(flow(pod(5), 40002, apiserver, true))
-	a.scanPodPath(logger)
-	if err := a.podPath.bypassErr(a.now()); err != nil {
+	a.icpt.scanPodPath(logger)
+	if err := a.icpt.podPath.bypassErr(a.now()); err != nil {
 		t.Fatalf("a skipped source counted as a bypass: %v", err)
 	}
 	// nor is the first connection of a new pod whose IP reached the pods
 	// set only since the last scan (it may have begun before);
-	a.local.set("default/d", []netip.Addr{pod(8)})
-	if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+	a.icpt.local.set("default/d", []netip.Addr{pod(8)})
+	if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
 		t.Fatalf("sync = %v, %v", notReady, err)
 	}
 	k.ct.Add(flow(pod(8), 40004, apiserver, true))
-	a.scanPodPath(logger)
-	if err := a.podPath.bypassErr(a.now()); err != nil {
+	a.icpt.scanPodPath(logger)
+	if err := a.icpt.podPath.bypassErr(a.now()); err != nil {
 		t.Fatalf("a new pod's first connection counted as a bypass: %v", err)
 	}
 	// but a new connection of another pod of this node that went to
 	// kube-apiserver while the agent intercepted is, and the agent says it
 	// does not intercept.
 	k.ct.Add(flow(pod(7), 40003, apiserver, true))
-	a.scanPodPath(logger)
-	if err := a.syncAndReport(ctx); err != nil {
+	a.icpt.scanPodPath(logger)
+	if err := a.icpt.syncAndReport(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := a.Intercepting(); err == nil || !strings.Contains(err.Error(), "bypasses the agent") || !strings.Contains(err.Error(), pod(7).String()) {
@@ -223,26 +222,26 @@ func TestPodPathUnansweredSources(t *testing.T) {
 			})
 			now := time.Now()
 			a.now = func() time.Time { return now }
-			a.podPath = newPodPath(k.ct, a.metrics.registry)
-			a.podPath.nodeAddrs = func() (map[netip.Addr]bool, error) { return map[netip.Addr]bool{node: true}, nil }
+			a.icpt.now = a.now
+			a.icpt.podPath.nodeAddrs = func() (map[netip.Addr]bool, error) { return map[netip.Addr]bool{node: true}, nil }
 			if tc.pods != nil {
-				a.local.set("default/a", tc.pods)
+				a.icpt.local.set("default/a", tc.pods)
 			}
-			if notReady, err := a.sync(context.Background()); err != nil || notReady != nil {
+			if notReady, err := a.icpt.sync(context.Background()); err != nil || notReady != nil {
 				t.Fatalf("sync = %v, %v", notReady, err)
 			}
 			logger := klog.Background()
 			port, proto := uint16(40000), uint8(6)
 			for range tc.attempts {
 				mustDo(t, k.ipset.IpsetAdd(seenSetName(a.cfg, netrules.IPv4), &netlink.IPSetEntry{IP: tc.src.AsSlice(), Port: &port, Protocol: &proto, Replace: true}))
-				a.scanPodPath(logger)
-				a.scanPodPath(logger)
+				a.icpt.scanPodPath(logger)
+				a.icpt.scanPodPath(logger)
 				now = now.Add(tc.gap)
 			}
 			if got := k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), tc.src); got != tc.skipped {
 				t.Errorf("%s skipped = %v, want %v:\n%s", tc.src, got, tc.skipped, k.ipset.Save())
 			}
-			if got := testutil.ToFloat64(a.podPath.unanswered.WithLabelValues("IPv4", tc.outcome)); got != float64(tc.attempts) {
+			if got := testutil.ToFloat64(a.icpt.podPath.unanswered.WithLabelValues("IPv4", tc.outcome)); got != float64(tc.attempts) {
 				t.Errorf("unanswered attempts %s = %v, want %d", tc.outcome, got, tc.attempts)
 			}
 		})

@@ -75,12 +75,12 @@ func (c probingCert) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificat
 // takes effect for this node's traffic. It fails where something rewrites
 // the destination before netfilter sees it (a socket-level load balancer
 // such as Cilium's), or where another rule wins over ours.
-func (a *Agent) selfCheck(ctx context.Context, vip netip.Addr, timeout time.Duration) error {
+func (ic *interceptor) selfCheck(ctx context.Context, vip netip.Addr, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	name, landed, forget := a.probes.expect()
+	name, landed, forget := ic.deps.expectProbe()
 	defer forget()
-	addr := netip.AddrPortFrom(vip, a.cfg.ServicePort).String()
+	addr := netip.AddrPortFrom(vip, ic.cfg.ServicePort).String()
 	// A plain dialer: no SO_MARK, so the packet meets the redirect as pod
 	// and host-network traffic does.
 	raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
@@ -116,7 +116,7 @@ func (a *Agent) selfCheck(ctx context.Context, vip netip.Addr, timeout time.Dura
 // checkListener completes a TLS handshake with the agent's listener on
 // addr: proof that it accepts and serves connections there (a hung process
 // does not, nor does a listener whose address was taken off the node).
-func (a *Agent) checkListener(ctx context.Context, addr netip.AddrPort, timeout time.Duration) error {
+func checkListener(ctx context.Context, addr netip.AddrPort, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	d := &tls.Dialer{Config: &tls.Config{

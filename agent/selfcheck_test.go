@@ -31,6 +31,7 @@ func TestSelfCheck(t *testing.T) {
 	cert := other.TLS.Certificates[0]
 
 	a := &Agent{cfg: &Config{}, probes: newProbes()}
+	a.icpt = &interceptor{cfg: a.cfg, deps: interceptorDeps{expectProbe: a.probes.expect}}
 	own := httptest.NewUnstartedServer(http.NotFoundHandler())
 	own.TLS = &tls.Config{GetCertificate: probingCert{certSource: probeTestCert{&cert}, probes: a.probes}.GetCertificate}
 	own.StartTLS()
@@ -48,7 +49,7 @@ func TestSelfCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ap := netip.MustParseAddrPort(tc.target)
 			a.cfg.ServicePort = ap.Port()
-			err := a.selfCheck(context.Background(), ap.Addr(), 2*time.Second)
+			err := a.icpt.selfCheck(context.Background(), ap.Addr(), 2*time.Second)
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Errorf("selfCheck = %v, want success", err)

@@ -50,7 +50,7 @@ func (a *Agent) Status() Status {
 	s := Status{
 		Node:      a.cfg.NodeName,
 		Version:   version.Get().GitVersion,
-		Dataplane: a.dataplane,
+		Dataplane: a.icpt.dataplane,
 		Cache:     map[string]float64{},
 	}
 	if err := a.Intercepting(); err != nil {

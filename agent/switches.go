@@ -42,12 +42,12 @@ func notInterceptingBecause(err error) error {
 // and stays ready, but hands the Service VIP to kube-proxy at once (the
 // next liveness tick, well within a second) and does not take it back
 // until it is turned on. reason is logged and reported on /intercepting.
-func (a *Agent) SetInterception(enabled bool, reason string) {
+func (ic *interceptor) SetInterception(enabled bool, reason string) {
 	var next *string
 	if !enabled {
 		next = &reason
 	}
-	prev := a.disabled.Swap(next)
+	prev := ic.disabled.Swap(next)
 	if (prev == nil) == (next == nil) {
 		return
 	}
@@ -57,7 +57,7 @@ func (a *Agent) SetInterception(enabled bool, reason string) {
 	} else {
 		logger.Info("Interception turned off; the kubernetes Service goes to kube-proxy's path", "reason", reason)
 	}
-	a.requestSync()
+	ic.requestSync()
 }
 
 // InterceptionConfigMapKey is the key of InterceptionConfigMap that holds
@@ -71,11 +71,11 @@ const InterceptionConfigMapKey = "config.yaml"
 // an edit reaches every agent within about a second. A ConfigMap that is
 // missing, deleted or does not hold a valid configuration changes nothing,
 // so a typo cannot turn interception on or off.
-func (a *Agent) watchInterceptionConfigMap(ctx context.Context) {
+func (ic *interceptor) watchInterceptionConfigMap(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	ns, name, _ := strings.Cut(a.cfg.InterceptionConfigMap, "/")
+	ns, name, _ := strings.Cut(ic.cfg.InterceptionConfigMap, "/")
 	var lastErr string
-	a.watchObject(ctx, ns, name, "the kill switch's ConfigMap "+a.cfg.InterceptionConfigMap,
+	ic.watchObject(ctx, ns, name, "the kill switch's ConfigMap "+ic.cfg.InterceptionConfigMap,
 		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
 			return f.Core().V1().ConfigMaps().Informer()
 		},
@@ -88,14 +88,14 @@ func (a *Agent) watchInterceptionConfigMap(ctx context.Context) {
 			if err != nil {
 				if msg := err.Error(); msg != lastErr {
 					logger.Error(err, "The kill switch's ConfigMap does not hold a valid configuration; interception stays as it is",
-						"configMap", a.cfg.InterceptionConfigMap, "key", InterceptionConfigMapKey)
+						"configMap", ic.cfg.InterceptionConfigMap, "key", InterceptionConfigMapKey)
 					lastErr = msg
 				}
 				return
 			}
 			lastErr = ""
 			enabled := c.Interception.Enabled == nil || *c.Interception.Enabled
-			a.SetInterception(enabled, fmt.Sprintf("interception.enabled: %t in ConfigMap %s", enabled, a.cfg.InterceptionConfigMap))
+			ic.SetInterception(enabled, fmt.Sprintf("interception.enabled: %t in ConfigMap %s", enabled, ic.cfg.InterceptionConfigMap))
 		}})
 }
 
@@ -116,10 +116,10 @@ type objectHandlers struct {
 // client until ctx ends (one watch, by name, served from kube-apiserver's
 // watch cache), and tells h of it. informer picks the object's informer
 // from the factory; what names it in the log.
-func (a *Agent) watchObject(ctx context.Context, namespace, name, what string,
+func (ic *interceptor) watchObject(ctx context.Context, namespace, name, what string,
 	informer func(informers.SharedInformerFactory) cache.SharedIndexInformer, h objectHandlers) {
 	logger := klog.FromContext(ctx)
-	client, err := kubernetes.NewForConfig(a.restConfig())
+	client, err := kubernetes.NewForConfig(ic.deps.restConfig())
 	if err != nil {
 		logger.Error(err, "Cannot watch "+what)
 		if h.failed != nil {
@@ -162,12 +162,12 @@ func (a *Agent) watchObject(ctx context.Context, namespace, name, what string,
 
 // switchCollector exports the kill switch and the Service check as gauges,
 // read at scrape time.
-func (a *Agent) switchCollector() prometheus.Collector {
+func (ic *interceptor) switchCollector() prometheus.Collector {
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_apicache_interception_disabled",
 		Help: "1 while interception is turned off on purpose (the kill switch), else 0.",
 	}, func() float64 {
-		if a.disabled.Load() != nil {
+		if ic.disabled.Load() != nil {
 			return 1
 		}
 		return 0
@@ -175,12 +175,12 @@ func (a *Agent) switchCollector() prometheus.Collector {
 }
 
 // serviceMismatchCollector is kube_apicache_service_mismatch.
-func (a *Agent) serviceMismatchCollector() prometheus.Collector {
+func (ic *interceptor) serviceMismatchCollector() prometheus.Collector {
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_apicache_service_mismatch",
 		Help: "1 while the configured Service VIPs or port are not the kubernetes Service's (the agent is then not ready and does not intercept), else 0.",
 	}, func() float64 {
-		if s := a.service.Load(); s != nil && s.mismatch != "" {
+		if s := ic.service.Load(); s != nil && s.mismatch != "" {
 			return 1
 		}
 		return 0
@@ -190,11 +190,11 @@ func (a *Agent) serviceMismatchCollector() prometheus.Collector {
 // switchedOff returns why the agent must stand aside whatever its health:
 // the kill switch, or Service VIPs that are not known to be the kubernetes
 // Service's.
-func (a *Agent) switchedOff() error {
-	if r := a.disabled.Load(); r != nil {
+func (ic *interceptor) switchedOff() error {
+	if r := ic.disabled.Load(); r != nil {
 		return stepAside{"interception turned off (" + *r + ")"}
 	}
-	if err := a.serviceErr(); err != nil {
+	if err := ic.serviceErr(); err != nil {
 		return stepAside{err.Error()}
 	}
 	return nil
@@ -220,8 +220,8 @@ type serviceCheck struct {
 // stop a rollout rather than leave every node "ready" and intercepting
 // nothing. Once read, the Service is checked against its last known state
 // (the informer's): a watch that fails later changes nothing.
-func (a *Agent) serviceErr() error {
-	s := a.service.Load()
+func (ic *interceptor) serviceErr() error {
+	s := ic.service.Load()
 	switch {
 	case s != nil && s.read && s.mismatch == "":
 		return nil
@@ -229,7 +229,7 @@ func (a *Agent) serviceErr() error {
 		return errors.New(s.mismatch)
 	}
 	what := fmt.Sprintf("the Service VIPs %s and port %d are not verified against Service %s/%s",
-		joinAddrs(a.cfg.ServiceVIPs), a.cfg.ServicePort, kubernetesNamespace, kubernetesService)
+		joinAddrs(ic.cfg.ServiceVIPs), ic.cfg.ServicePort, kubernetesNamespace, kubernetesService)
 	if s != nil && s.unread != "" {
 		return fmt.Errorf("%s: %s", what, s.unread)
 	}
@@ -252,24 +252,24 @@ func joinAddrs(addrs []netip.Addr) string {
 // the agent does not intercept; while it cannot be read (RBAC, an
 // apiserver that fails the list), the reason is reported and the informer
 // retries with backoff.
-func (a *Agent) watchService(ctx context.Context) {
+func (ic *interceptor) watchService(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	a.watchObject(ctx, kubernetesNamespace, kubernetesService, "the kubernetes Service; the Service VIPs are not verified",
+	ic.watchObject(ctx, kubernetesNamespace, kubernetesService, "the kubernetes Service; the Service VIPs are not verified",
 		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
 			return f.Core().V1().Services().Informer()
 		},
 		objectHandlers{
 			changed: func(obj any) {
 				if svc, ok := obj.(*corev1.Service); ok {
-					a.checkService(logger, svc)
+					ic.checkService(logger, svc)
 				}
 			},
 			failed: func(err error) {
-				a.serviceNotRead(logger, "cannot read it (retrying): "+err.Error())
+				ic.serviceNotRead(logger, "cannot read it (retrying): "+err.Error())
 			},
 			synced: func(found bool) {
 				if !found {
-					a.serviceNotRead(logger, "it does not exist (watching for it)")
+					ic.serviceNotRead(logger, "it does not exist (watching for it)")
 				}
 			},
 		})
@@ -277,35 +277,35 @@ func (a *Agent) watchService(ctx context.Context) {
 
 // checkService compares the configuration with svc and records the
 // outcome; a change is logged and a sync requested.
-func (a *Agent) checkService(logger klog.Logger, svc *corev1.Service) {
-	msg := serviceMismatch(a.cfg.ServiceVIPs, a.cfg.ServicePort, svc)
-	prev := a.service.Swap(&serviceCheck{read: true, mismatch: msg})
+func (ic *interceptor) checkService(logger klog.Logger, svc *corev1.Service) {
+	msg := serviceMismatch(ic.cfg.ServiceVIPs, ic.cfg.ServicePort, svc)
+	prev := ic.service.Swap(&serviceCheck{read: true, mismatch: msg})
 	switch {
 	case prev != nil && prev.read && prev.mismatch == msg:
 		return
 	case msg == "":
-		logger.Info("The Service VIPs match the kubernetes Service", "vips", a.cfg.ServiceVIPs, "port", a.cfg.ServicePort)
+		logger.Info("The Service VIPs match the kubernetes Service", "vips", ic.cfg.ServiceVIPs, "port", ic.cfg.ServicePort)
 	default:
 		logger.Error(nil, "Not intercepting and not ready: the configuration does not match the kubernetes Service", "reason", msg)
 	}
-	a.requestSync()
+	ic.requestSync()
 }
 
 // serviceNotRead records why the kubernetes Service could not be read, as
 // long as it never has been; a change is logged and a sync requested.
-func (a *Agent) serviceNotRead(logger klog.Logger, why string) {
+func (ic *interceptor) serviceNotRead(logger klog.Logger, why string) {
 	for {
-		prev := a.service.Load()
+		prev := ic.service.Load()
 		if prev != nil && (prev.read || prev.unread == why) {
 			return
 		}
-		if a.service.CompareAndSwap(prev, &serviceCheck{unread: why}) {
+		if ic.service.CompareAndSwap(prev, &serviceCheck{unread: why}) {
 			break
 		}
 	}
 	logger.Error(nil, "Not intercepting and not ready: the configured Service VIPs cannot be checked against the kubernetes Service",
 		"service", kubernetesNamespace+"/"+kubernetesService, "reason", why)
-	a.requestSync()
+	ic.requestSync()
 }
 
 // serviceMismatch describes how vips and port differ from the kubernetes

@@ -23,13 +23,13 @@ import (
 func TestKillSwitch(t *testing.T) {
 	_, _, a := newLivenessTestAgent(t)
 	ctx := context.Background()
-	defer a.removeStale()
-	a.syncOrStepAside(ctx)
+	defer a.icpt.removeStale()
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err != nil {
 		t.Fatalf("Intercepting() before the switch = %v", err)
 	}
 	a.SetInterception(false, "interception.enabled: false in test.yaml")
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	err := a.Intercepting()
 	if err == nil || !strings.Contains(err.Error(), "interception turned off (interception.enabled: false in test.yaml)") ||
 		strings.Contains(err.Error(), "unhealthy") {
@@ -39,7 +39,7 @@ func TestKillSwitch(t *testing.T) {
 		t.Errorf("Ready() with the switch off = %v, want ready (stepped aside on purpose)", err)
 	}
 	a.SetInterception(true, "interception.enabled: true in test.yaml")
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err != nil {
 		t.Errorf("Intercepting() with the switch on again = %v", err)
 	}
@@ -77,10 +77,10 @@ func TestServiceMismatch(t *testing.T) {
 
 	_, _, a := newLivenessTestAgent(t)
 	ctx := context.Background()
-	defer a.removeStale()
+	defer a.icpt.removeStale()
 	a.cfg.ServiceVIPs, a.cfg.ServicePort = []netip.Addr{ip("10.96.0.10")}, 443
-	a.checkService(klog.Background(), svc)
-	a.syncOrStepAside(ctx)
+	a.icpt.checkService(klog.Background(), svc)
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Ready(); err == nil || !strings.Contains(err.Error(), "10.96.0.10 is not a cluster IP") {
 		t.Errorf("Ready() with a wrong VIP = %v, want the mismatch", err)
 	}
@@ -88,7 +88,7 @@ func TestServiceMismatch(t *testing.T) {
 		t.Errorf("Intercepting() with a wrong VIP = %v, want the mismatch", err)
 	}
 	a.cfg.ServiceVIPs = []netip.Addr{ip("10.96.0.1")}
-	a.checkService(klog.Background(), svc)
+	a.icpt.checkService(klog.Background(), svc)
 	if err := a.Ready(); err != nil {
 		t.Errorf("Ready() once the VIP matches = %v", err)
 	}
@@ -176,17 +176,17 @@ func TestServiceCheck(t *testing.T) {
 			a, _, _ := newServiceCheckAgent(t, tc.answer, tc.wrongVIP)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			defer a.removeStale()
+			defer a.icpt.removeStale()
 			if tc.answer != "" {
 				done := make(chan struct{})
-				go func() { defer close(done); a.watchService(ctx) }()
+				go func() { defer close(done); a.icpt.watchService(ctx) }()
 				defer func() { cancel(); <-done }()
 				waitForService(t, a, func(c *serviceCheck) bool { return c != nil })
 			}
 			want := strings.ReplaceAll(tc.want, "%d", strconv.Itoa(int(a.cfg.ServicePort)))
-			a.syncOrStepAside(ctx)
+			a.icpt.syncOrStepAside(ctx)
 			checkReasons(t, a, want)
-			if got := testutil.ToFloat64(a.serviceMismatchCollector()); got != tc.mismatch {
+			if got := testutil.ToFloat64(a.icpt.serviceMismatchCollector()); got != tc.mismatch {
 				t.Errorf("kube_apicache_service_mismatch = %v, want %v", got, tc.mismatch)
 			}
 		})
@@ -198,24 +198,24 @@ func TestServiceCheck(t *testing.T) {
 	t.Run("forbidden, then allowed", func(t *testing.T) {
 		a, _, answer := newServiceCheckAgent(t, "forbidden", false)
 		ctx, cancel := context.WithCancel(context.Background())
-		defer a.removeStale()
+		defer a.icpt.removeStale()
 		done := make(chan struct{})
-		go func() { defer close(done); a.watchService(ctx) }()
+		go func() { defer close(done); a.icpt.watchService(ctx) }()
 		defer func() { cancel(); <-done }()
 		waitForService(t, a, func(c *serviceCheck) bool { return c != nil && strings.Contains(c.unread, "forbidden") })
-		a.syncOrStepAside(ctx)
+		a.icpt.syncOrStepAside(ctx)
 		checkReasons(t, a, "is forbidden")
 		select {
-		case <-a.syncNow:
+		case <-a.icpt.syncNow:
 		default:
 			t.Errorf("the failed read requested no sync")
 		}
 		answer.Store("serve")
 		waitForService(t, a, func(c *serviceCheck) bool { return c != nil && c.read })
-		a.syncOrStepAside(ctx)
+		a.icpt.syncOrStepAside(ctx)
 		checkReasons(t, a, "")
-		a.serviceNotRead(klog.Background(), "cannot read it: connection refused")
-		a.syncOrStepAside(ctx)
+		a.icpt.serviceNotRead(klog.Background(), "cannot read it: connection refused")
+		a.icpt.syncOrStepAside(ctx)
 		checkReasons(t, a, "")
 	})
 }
@@ -234,7 +234,7 @@ func newServiceCheckAgent(t *testing.T, answer string, wrongVIP bool) (*Agent, *
 	a, vip := newSyncTestAgent(t, k, ep)
 	a.cfg.LivenessTimeout = time.Second
 	a.cfg.TokenFile = ""
-	a.service.Store(nil)
+	a.icpt.service.Store(nil)
 	ip := vip.Addr().String()
 	if wrongVIP {
 		ip = "10.96.0.1"
@@ -254,9 +254,9 @@ func newServiceCheckAgent(t *testing.T, answer string, wrongVIP bool) (*Agent, *
 func waitForService(t *testing.T, a *Agent, cond func(*serviceCheck) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !cond(a.service.Load()) {
+	for !cond(a.icpt.service.Load()) {
 		if time.Now().After(deadline) {
-			t.Fatalf("Service check %+v after 10s", a.service.Load())
+			t.Fatalf("Service check %+v after 10s", a.icpt.service.Load())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -270,8 +270,8 @@ func checkReasons(t *testing.T, a *Agent, want string) {
 	t.Helper()
 	icpt, ready := a.Intercepting(), a.Ready()
 	if want == "" {
-		if icpt != nil || ready != nil || !a.anyActive() {
-			t.Errorf("Intercepting() = %v, Ready() = %v, redirect installed %t; want intercepting and ready", icpt, ready, a.anyActive())
+		if icpt != nil || ready != nil || !a.icpt.anyActive() {
+			t.Errorf("Intercepting() = %v, Ready() = %v, redirect installed %t; want intercepting and ready", icpt, ready, a.icpt.anyActive())
 		}
 		return
 	}
@@ -281,7 +281,7 @@ func checkReasons(t *testing.T, a *Agent, want string) {
 	if ready == nil || !strings.Contains(ready.Error(), want) {
 		t.Errorf("Ready() = %v, want not ready with %q", ready, want)
 	}
-	if a.anyActive() {
+	if a.icpt.anyActive() {
 		t.Errorf("the redirect is installed")
 	}
 }

@@ -32,7 +32,7 @@ func newSyncTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) (*Agent, ne
 // configuration before the dataplanes are built.
 func newSyncTestAgentWith(t *testing.T, k *fakeKernel, ep *testEndpoint, edit func(*Config)) (*Agent, netip.AddrPort) {
 	t.Helper()
-	a := &Agent{probes: newProbes(), metrics: newMetrics(), syncNow: make(chan struct{}, 1), now: time.Now}
+	a := &Agent{probes: newProbes(), metrics: newMetrics(), now: time.Now}
 	cert := ep.srv.TLS.Certificates[0]
 	a.cert = probeTestCert{&cert}
 	listener := httptest.NewUnstartedServer(http.NotFoundHandler())
@@ -48,7 +48,6 @@ func newSyncTestAgentWith(t *testing.T, k *fakeKernel, ep *testEndpoint, edit fu
 	if edit != nil {
 		edit(cfg)
 	}
-	a.local = newLocalPods()
 	wireTestAgent(t, a, cfg, k, ep)
 	return a, ap
 }
@@ -60,13 +59,13 @@ func newSyncTestAgentWith(t *testing.T, k *fakeKernel, ep *testEndpoint, edit fu
 func wireTestAgent(t *testing.T, a *Agent, cfg *Config, k *fakeKernel, ep *testEndpoint) {
 	t.Helper()
 	a.cfg = cfg
-	a.service.Store(&serviceCheck{read: true})
-	if err := a.buildDataplanes(k.kernel()); err != nil {
-		t.Fatal(err)
-	}
 	a.up = newTestUpstreams(ep)
 	a.up.checkAll(context.Background(), time.Second)
-	a.interception = newInterceptionMetrics(a.metrics.registry, a.up)
+	var err error
+	if a.icpt, err = newInterceptor(cfg, k.kernel(), a.interceptorDeps()); err != nil {
+		t.Fatal(err)
+	}
+	a.icpt.service.Store(&serviceCheck{read: true})
 }
 
 // TestSync drives the agent's one reconciliation against the stateful fakes:
@@ -86,7 +85,7 @@ func TestSync(t *testing.T) {
 	}
 	syncOK := func(step string) {
 		t.Helper()
-		notReady, err := a.sync(ctx)
+		notReady, err := a.icpt.sync(ctx)
 		if err != nil || notReady != nil {
 			t.Fatalf("%s: sync = %v, %v; want ready", step, notReady, err)
 		}
@@ -111,7 +110,7 @@ func TestSync(t *testing.T) {
 	// When someone deletes the jump and the entry, then one sync restores
 	// both.
 	mustDo(t, k.ipt.Delete("nat", "PREROUTING", "1"))
-	mustDo(t, a.planes[0].clear())
+	mustDo(t, a.icpt.planes[0].clear())
 	if got := route(); got == vip.String() {
 		t.Fatal("tampering had no effect")
 	}
@@ -125,7 +124,7 @@ func TestSync(t *testing.T) {
 	if got := testutil.ToFloat64(a.metrics.ruleSyncs.WithLabelValues("repaired")); got != 2 {
 		t.Errorf("repaired syncs = %v, want 2 (install, repair)", got)
 	}
-	if got := testutil.ToFloat64(a.interception.selfChecks.WithLabelValues("ok")); got != 3 {
+	if got := testutil.ToFloat64(a.icpt.metrics.selfChecks.WithLabelValues("ok")); got != 3 {
 		t.Errorf("self-checks ok = %v, want 3", got)
 	}
 
@@ -133,7 +132,7 @@ func TestSync(t *testing.T) {
 	// once and the agent says why it is not ready; the rules stay.
 	ep.sick.Store(true)
 	a.up.checkAll(ctx, time.Second)
-	notReady, err := a.sync(ctx)
+	notReady, err := a.icpt.sync(ctx)
 	if err != nil || notReady == nil || !strings.Contains(notReady.Error(), "unhealthy") {
 		t.Fatalf("sync with a sick upstream = %v, %v; want not ready (unhealthy)", notReady, err)
 	}
@@ -149,7 +148,7 @@ func TestSync(t *testing.T) {
 
 	// When the agent goes away cleanly, then only kube-proxy's rules are
 	// left.
-	a.removeStale()
+	a.icpt.removeStale()
 	if diff := cmp.Diff(natBefore, k.ipt.Save("nat")); diff != "" {
 		t.Errorf("nat after removal (-before +after):\n%s", diff)
 	}
@@ -181,19 +180,19 @@ func TestLivenessNotBehindSync(t *testing.T) {
 	k, _, a := newLivenessTestAgent(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+	if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
 		t.Fatalf("first sync = %v, %v", notReady, err)
 	}
 	// Given an intercepting agent whose next sync stalls in iptables for
 	// three liveness timeouts,
 	stall := &stallingIPTables{IPTables: k.ipt, stall: make(chan struct{})}
-	d := a.planes[0]
+	d := a.icpt.planes[0]
 	ir := d.rules.(*iptablesRules)
 	ir.chain = netrules.NewChainSyncer(stall, redirectChain(a.cfg, livenessSetName(a.cfg, d.family), d.vips, d.listen, ir.local, "", ""))
-	go a.runLiveness(ctx)
+	go a.icpt.runLiveness(ctx)
 	synced := make(chan error, 1)
-	go func() { synced <- a.syncAndReport(ctx) }()
-	refreshed := a.interception.liveness.WithLabelValues("refreshed")
+	go func() { synced <- a.icpt.syncAndReport(ctx) }()
+	refreshed := a.icpt.metrics.liveness.WithLabelValues("refreshed")
 	before := testutil.ToFloat64(refreshed)
 	time.Sleep(3 * a.cfg.LivenessTimeout)
 	// then the refresher went on meanwhile (about every 250 ms),
@@ -220,11 +219,12 @@ func TestReadiness(t *testing.T) {
 	k := newFakeKernel(t)
 	ep := newTestEndpoint(t, ok)
 	a, _ := newSyncTestAgent(t, k, ep)
-	a.notIntercepting = errors.New("starting")
+	a.icpt.notIntercepting = errors.New("starting")
 	a.cfg.SyncPeriod = 10 * time.Second
 	ctx := context.Background()
 	now := time.Now()
 	a.now = func() time.Time { return now }
+	a.icpt.now = a.now
 
 	// Given an agent that has not synced yet, it is not ready.
 	if err := a.Ready(); err == nil {
@@ -234,7 +234,7 @@ func TestReadiness(t *testing.T) {
 	// ready, not intercepting.
 	ep.sick.Store(true)
 	a.up.checkAll(ctx, time.Second)
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Ready(); err != nil {
 		t.Errorf("not ready after stepping aside: %v", err)
 	}
@@ -247,29 +247,29 @@ func TestReadiness(t *testing.T) {
 	// When the upstream recovers, it intercepts.
 	ep.sick.Store(false)
 	a.up.checkAll(ctx, time.Second)
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	if err := errors.Join(a.Ready(), a.Intercepting()); err != nil {
 		t.Errorf("after recovery: %v", err)
 	}
 	// When no sync finishes for three periods and two minutes, the loop
 	// is stuck: neither ready nor healthy.
-	now = now.Add(a.syncStuckAfter() + time.Second)
+	now = now.Add(a.icpt.syncStuckAfter() + time.Second)
 	if err := a.Healthy(); err == nil || !strings.Contains(err.Error(), "sync loop stuck") {
 		t.Errorf("Healthy() with a stuck loop = %v", err)
 	}
 	if err := a.Ready(); err == nil {
 		t.Error("ready with a stuck loop")
 	}
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Healthy(); err != nil {
 		t.Errorf("Healthy() after a sync = %v", err)
 	}
 	// When shutdown begins, it is no longer ready.
-	a.setStopping()
+	a.icpt.setStopping()
 	if err := a.Ready(); err == nil {
 		t.Error("ready while shutting down")
 	}
-	a.removeStale()
+	a.icpt.removeStale()
 }
 
 // TestDetectLocal checks, per --detect-local-mode, that VIP traffic of this
@@ -305,15 +305,15 @@ func TestDetectLocal(t *testing.T) {
 			})
 			mustDo(t, a.cfg.validateDetectLocal())
 			ctx := context.Background()
-			a.local.set("default/local", []netip.Addr{localPod.Src})
+			a.icpt.local.set("default/local", []netip.Addr{localPod.Src})
 			if tc.mode == DetectLocalNodeCIDR {
-				notReady, err := a.sync(ctx)
+				notReady, err := a.icpt.sync(ctx)
 				if err != nil || notReady == nil || !strings.Contains(notReady.Error(), "podCIDRs") {
 					t.Fatalf("sync before the Node's podCIDRs are known = %v, %v; want not intercepting", notReady, err)
 				}
-				a.local.cidrs, a.local.cidrErr = []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, nil
+				a.icpt.local.cidrs, a.icpt.local.cidrErr = []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}, nil
 			}
-			if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+			if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
 				t.Fatalf("sync = %v, %v", notReady, err)
 			}
 			goesToAgent := func(p fake.Packet) bool {
@@ -339,15 +339,15 @@ func TestDetectLocal(t *testing.T) {
 				return
 			}
 			// A pod that leaves the node leaves the set; a new one joins.
-			a.local.set("default/local", nil)
-			a.local.set("default/new", []netip.Addr{netip.MustParseAddr("10.244.1.7")})
-			if notReady, err := a.sync(ctx); err != nil || notReady != nil {
+			a.icpt.local.set("default/local", nil)
+			a.icpt.local.set("default/new", []netip.Addr{netip.MustParseAddr("10.244.1.7")})
+			if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
 				t.Fatalf("sync = %v, %v", notReady, err)
 			}
 			if goesToAgent(localPod) || !goesToAgent(fake.Packet{Src: netip.MustParseAddr("10.244.1.7")}) {
 				t.Errorf("the pods set did not follow the node's pods:\n%s", k.ipset.Save())
 			}
-			a.removeStale()
+			a.icpt.removeStale()
 			if got := k.ipset.Save(); got != "" {
 				t.Errorf("sets left:\n%s", got)
 			}
@@ -364,28 +364,28 @@ func TestSyncRequestedOnceHealthy(t *testing.T) {
 	defer cancel()
 	ep.sick.Store(true)
 	a.up.checkAll(ctx, time.Second)
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err == nil {
 		t.Fatal("intercepting with a sick upstream")
 	}
 	select {
-	case <-a.syncNow:
+	case <-a.icpt.syncNow:
 	default:
 	}
 	ep.sick.Store(false)
 	a.up.checkAll(ctx, time.Second)
-	go a.runLiveness(ctx)
+	go a.icpt.runLiveness(ctx)
 	select {
-	case <-a.syncNow:
+	case <-a.icpt.syncNow:
 	case <-time.After(2 * time.Second):
 		t.Fatal("no sync asked for once the agent was healthy")
 	}
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err != nil {
 		t.Errorf("not intercepting after the sync: %v", err)
 	}
 	cancel()
-	a.removeStale()
+	a.icpt.removeStale()
 }
 
 // newLivenessTestAgent is a sync test agent whose liveness loop refreshes
@@ -408,14 +408,14 @@ func TestWarmup(t *testing.T) {
 	_, _, a := newLivenessTestAgent(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	defer a.removeStale()
+	defer a.icpt.removeStale()
 	var pending atomic.Pointer[[]string]
 	pending.Store(&[]string{"services"})
-	a.pinnedUnsynced = func() []string { return *pending.Load() }
-	a.started = time.Now()
+	a.warm.pinnedUnsynced = func() []string { return *pending.Load() }
+	a.warm.started = time.Now()
 	a.cfg.CacheWarmupTimeout = time.Hour
 
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	err := a.Intercepting()
 	if err == nil || !strings.Contains(err.Error(), "pinned resources to sync: services") {
 		t.Fatalf("Intercepting() = %v, want the wait for services", err)
@@ -424,32 +424,32 @@ func TestWarmup(t *testing.T) {
 		t.Errorf("Ready() = %v while warming up: a rollout must not wait for the cache", err)
 	}
 	select {
-	case <-a.syncNow:
+	case <-a.icpt.syncNow:
 	default:
 	}
-	go a.runLiveness(ctx)
+	go a.icpt.runLiveness(ctx)
 	pending.Store(&[]string{})
 	select {
-	case <-a.syncNow:
+	case <-a.icpt.syncNow:
 	case <-time.After(2 * time.Second):
 		t.Fatal("no sync asked for once the pinned resources synced")
 	}
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err != nil {
 		t.Fatalf("not intercepting once synced: %v", err)
 	}
 	// Warmed up for good: a later relist does not take the traffic away.
 	pending.Store(&[]string{"services"})
-	a.syncOrStepAside(ctx)
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err != nil {
 		t.Errorf("not intercepting while a pinned resource relists: %v", err)
 	}
 
 	// When the warm-up has timed out, an unsynced resource does not hold
 	// interception back.
-	a.warmedUp.Store(false)
-	a.started = time.Now().Add(-2 * time.Hour)
-	a.syncOrStepAside(ctx)
+	a.warm.done.Store(false)
+	a.warm.started = time.Now().Add(-2 * time.Hour)
+	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err != nil {
 		t.Errorf("not intercepting after the warm-up timed out: %v", err)
 	}
