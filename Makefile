@@ -138,7 +138,7 @@ REPEAT_KERNEL ?= Kernel
 REPEAT_E2E ?= ^(TestKilledAgentFailsOpen|TestNFTablesKilledAgentFailsOpen|TestHungAgentFailsOpen|TestNFTablesHungAgentFailsOpen|TestRulesRestored|TestPodPathBlocked)$$
 .PHONY: test-repeat-kernel test-repeat-e2e
 test-repeat-kernel:
-	$(GO) test -count=$(REPEAT) -run '$(REPEAT_KERNEL)' ./netrules/ ./agent/
+	$(GO) test -count=$(REPEAT) -run '$(REPEAT_KERNEL)' ./netrules/ ./agent/interception/
 test-repeat-e2e: deps control-plane
 	@fails=0; for i in $$(seq 1 $(REPEAT)); do \
 	  echo "=== run $$i of $(REPEAT)"; \

@@ -18,23 +18,23 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/audit"
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/cache/access"
 )
 
 // Agent composes the agent's parts and runs them in order: the
-// interceptor (the redirect and its policy, interceptor.go), the upstream
-// endpoints and their health (upstream.go, health.go), the serving handler
-// chain, the cache and the metrics server. It owns their start order,
-// readiness and shutdown, and nothing else.
+// interceptor (the redirect and its policy, package interception), the
+// upstream endpoints and their health (upstream.go, health.go), the
+// serving handler chain, the cache and the metrics server. It owns their
+// start order, readiness and shutdown, and nothing else.
 type Agent struct {
 	// Fixed at construction.
 	cfg     *Config
 	cert    certSource
 	up      *upstreams
 	metrics *metrics
-	icpt    *interceptor
-	probes  *probes
+	icpt    *interception.Interceptor
 	handler http.Handler
 	// metricsServer serves MetricsBindAddress; nil when it is empty.
 	metricsServer *metricsServer
@@ -75,7 +75,7 @@ type warmup struct {
 // nothing on the node, except that on failure it removes what a dead
 // predecessor left (see removeStale). k holds the kernel interfaces for
 // rules, sets and the listen address.
-func New(cfg *Config, k Kernel) (*Agent, error) {
+func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -83,37 +83,37 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 	a := &Agent{
 		cfg:        cfg,
 		metrics:    newMetrics(),
-		probes:     newProbes(),
 		drain:      drain,
 		startDrain: startDrain,
 		now:        time.Now,
 	}
-	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = cfg.DegradedDecisionTTL, a.degradedAfter(), cfg.probeTimeout()
+	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = cfg.DegradedDecisionTTL, a.degradedAfter(), cfg.ProbeTimeout()
 	a.metrics.registry.MustRegister(buildInfo(), degradedCollector{&a.degraded})
 	var err error
 	if a.audit, err = audit.New(cfg.Audit, longRunning); err != nil {
 		return nil, err
 	}
-	if a.icpt, err = newInterceptor(cfg, k, a.interceptorDeps()); err != nil {
+	if a.icpt, err = interception.New(&cfg.Config, k, a.interceptorDeps()); err != nil {
 		return nil, err
 	}
 	if a.cert, err = a.newCertSource(); err != nil {
-		a.icpt.removeStale()
+		a.icpt.RemoveStale()
 		return nil, err
 	}
 	if a.up, err = newUpstreams(cfg); err != nil {
-		a.icpt.removeStale()
+		a.icpt.RemoveStale()
 		return nil, err
 	}
-	a.up.onChange = a.icpt.requestSync
+	a.up.onChange = a.icpt.RequestSync
+	a.degraded.requestSync, a.degraded.vips = a.icpt.RequestSync, a.icpt.VIPs
 	a.metrics.registry.MustRegister(&upstreamCollector{up: a.up}, a.up.healthCollector())
 	if err := a.newCache(); err != nil {
-		a.icpt.removeStale()
+		a.icpt.RemoveStale()
 		return nil, err
 	}
 	if cfg.MetricsBindAddress != "" {
 		if a.metricsServer, err = a.newMetricsServer(); err != nil {
-			a.icpt.removeStale()
+			a.icpt.RemoveStale()
 			return nil, err
 		}
 	}
@@ -122,16 +122,16 @@ func New(cfg *Config, k Kernel) (*Agent, error) {
 }
 
 // interceptorDeps is what the interceptor needs of the rest of the agent.
-func (a *Agent) interceptorDeps() interceptorDeps {
-	return interceptorDeps{
-		health:       a.standInHealth,
-		expectProbe:  a.probes.expect,
-		restConfig:   a.restConfig,
-		upstream:     func() string { return a.up.pick().Host },
-		ready:        a.metrics.ready,
-		intercepting: a.metrics.intercepting,
-		ruleSyncs:    a.metrics.ruleSyncs,
-		registry:     a.metrics.registry,
+func (a *Agent) interceptorDeps() interception.Deps {
+	return interception.Deps{
+		Health:          a.standInHealth,
+		RESTConfig:      a.restConfig,
+		LocalRESTConfig: a.localRESTConfig,
+		Upstream:        func() string { return a.up.pick().Host },
+		Ready:           a.metrics.ready,
+		Intercepting:    a.metrics.intercepting,
+		RuleSyncs:       a.metrics.ruleSyncs,
+		Registry:        a.metrics.registry,
 	}
 }
 
@@ -255,7 +255,7 @@ func (a *Agent) interceptionNote() string {
 	if s := a.degradedNote(); s != "" {
 		notes = append(notes, s)
 	}
-	if s := a.icpt.podPathNote(); s != "" {
+	if s := a.icpt.PodPathNote(); s != "" {
 		notes = append(notes, "latest blocked source: "+s)
 	}
 	return strings.Join(notes, "; ")
@@ -279,10 +279,11 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	shutDown := false
 	defer func() {
 		if err != nil && !shutDown {
-			a.icpt.removeStale()
+			a.icpt.RemoveStale()
 		}
 	}()
-	logger.Info("Using dataplane", "dataplane", a.icpt.dataplane, "reason", a.icpt.dataplaneReason)
+	dataplane, reason := a.icpt.Dataplane()
+	logger.Info("Using dataplane", "dataplane", dataplane, "reason", reason)
 	// The audit backend outlives the server: it stops (delivering what
 	// it holds) only after shutdown has drained the requests.
 	if err := a.audit.Start(logger); err != nil {
@@ -292,8 +293,8 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	// One listener per family, on the address that family's VIPs are
 	// redirected to.
 	var ls []net.Listener
-	for _, d := range a.icpt.planes {
-		l, err := listen(ctx, d.listen.String())
+	for _, ap := range a.cfg.ListenAddresses() {
+		l, err := listen(ctx, ap.String())
 		if err != nil {
 			return err
 		}
@@ -327,7 +328,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 		defer msrv.Close()
 	}
-	srv := newServer(a.handler, probingCert{certSource: a.cert, probes: a.probes}, a.cfg.Limits)
+	srv := newServer(a.handler, probingCert{certSource: a.cert, probes: a.icpt.Probes()}, a.cfg.Limits)
 	srv.ErrorLog = newServerErrorLog(logger)
 	srv.ConnState = a.metrics.trackConn
 	// One set of connection bounds for the node, across the listeners.
@@ -345,7 +346,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	if a.cache != nil {
 		wg.Go(func() { a.cache.Run(loops) })
 	}
-	wg.Go(func() { a.icpt.run(loops) })
+	wg.Go(func() { a.icpt.Run(loops) })
 	// Degraded mode is decided once the first sync has decided whether to
 	// intercept.
 	wg.Go(func() {
@@ -381,7 +382,7 @@ const listenerLinger = 500 * time.Millisecond
 // not be removed (a redirect to a missing address would black-hole
 // traffic), or if a successor has installed its redirect meanwhile.
 func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
-	removed := a.icpt.stop(logger)
+	removed := a.icpt.Stop(logger)
 	// Connections redirected just before the entries went may still sit
 	// in the listener's accept queue, their clients waiting for the TLS
 	// handshake: closing the listener now would reset them. They are
@@ -402,7 +403,7 @@ func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 		logger.Info("Grace period over; closing remaining connections", "gracePeriod", a.cfg.ShutdownGracePeriod)
 		_ = srv.Close()
 	}
-	a.icpt.releaseAddresses(logger, removed)
+	a.icpt.ReleaseAddresses(logger, removed)
 }
 
 // newCache builds the node-local cache and the reviewer that guards it,

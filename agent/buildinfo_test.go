@@ -42,7 +42,7 @@ func newAgentFromNew(t *testing.T) *Agent {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(a.icpt.removeStale)
+	t.Cleanup(a.icpt.RemoveStale)
 	return a
 }
 

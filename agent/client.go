@@ -4,6 +4,8 @@ import (
 	"net/http"
 
 	"k8s.io/client-go/rest"
+
+	apicache "github.com/kube-apicache/kube-apicache/cache"
 )
 
 // restConfig returns the configuration of the agent's own client, for its
@@ -38,4 +40,19 @@ func (t *activeEndpoint) RoundTrip(req *http.Request) (*http.Response, error) {
 	out.URL.Scheme, out.URL.Host = ep.Scheme, ep.Host
 	out.Host = ""
 	return t.up.RoundTrip(out)
+}
+
+// localRESTConfig is the configuration of the agent's own watches of
+// this node's pods and Node: as the node with CacheAsNode (the agent's
+// RBAC then needs neither), else as the agent.
+func (a *Agent) localRESTConfig() *rest.Config {
+	cfg := a.restConfig()
+	if a.cfg.CacheAsNode {
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: apicache.NodeUsername(a.cfg.NodeName)}
+	}
+	// Its own user agent: its watch of this node's pods is the same
+	// request as the cache's, and kube-apiserver's audit log tells them
+	// apart by it.
+	cfg.UserAgent += " detect-local"
+	return cfg
 }

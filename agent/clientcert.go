@@ -2,7 +2,6 @@ package agent
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"net/netip"
 	"time"
@@ -10,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
 // Callers that authenticate with a TLS client certificate.
@@ -54,7 +55,7 @@ type clientCertificates struct {
 
 func newClientCertificates(a *Agent) *clientCertificates {
 	cc := &clientCertificates{
-		skip:    a.icpt.skipSource,
+		skip:    a.icpt.SkipSource,
 		bypass:  a.cfg.BypassDuration,
 		isLocal: isNodeAddress,
 		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -117,23 +118,6 @@ func isNodeAddress(addr netip.Addr) bool {
 	if addr.IsLoopback() || addr.IsUnspecified() {
 		return true
 	}
-	addrs, err := nodeAddresses()
+	addrs, err := netrules.NodeAddresses()
 	return err != nil || addrs[addr]
-}
-
-// nodeAddresses returns the addresses of the node's own interfaces: the
-// agent runs in the node's network namespace, so these are the sources
-// the node's own traffic carries.
-func nodeAddresses() (map[netip.Addr]bool, error) {
-	addrs, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("listing the node's addresses: %w", err)
-	}
-	out := make(map[netip.Addr]bool, len(addrs))
-	for _, a := range addrs {
-		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out[p.Addr().Unmap()] = true
-		}
-	}
-	return out, nil
 }

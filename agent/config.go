@@ -14,6 +14,7 @@ import (
 
 	"github.com/kube-apicache/kube-apicache/agent/audit"
 	"github.com/kube-apicache/kube-apicache/agent/identity"
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/netrules"
 )
@@ -21,38 +22,9 @@ import (
 // Config holds everything the agent needs to run. The command line fills it
 // in; Validate checks it before anything touches the node.
 type Config struct {
-	// NodeName is the name of the node the agent runs on.
-	NodeName string
-
-	// ListenAddress is the local address the agent serves TLS on and that
-	// the IPv4 Service VIP is redirected to. It is added to the node by the
-	// agent; a link-local address keeps it off every network.
-	ListenAddress netip.AddrPort
-	// ListenAddressIPv6 is the same for the IPv6 Service VIP of a
-	// dual-stack (or IPv6) cluster; it is used only when a Service VIP is
-	// IPv6. It must be an address the kernel delivers locally from any
-	// interface: IPv6 link-local (fe80::/10) is bound to one link and
-	// loopback (::1) is never accepted from outside it, so a unique local
-	// address (fc00::/7) no network of the cluster uses is the choice.
-	ListenAddressIPv6 netip.AddrPort
-	// ListenLink is the dummy link that holds ListenAddress, where the
-	// kernel supports dummy links; otherwise it goes on loopback.
-	ListenLink string
-
-	// ServiceVIPs are the cluster IPs of the default/kubernetes Service and
-	// ServicePort its port: the destinations that get redirected.
-	ServiceVIPs []netip.Addr
-	ServicePort uint16
-	// InterceptionDisabled starts the agent with its kill switch on: it
-	// runs (cache, metrics, certificate) but leaves the Service to
-	// kube-proxy until SetInterception turns interception on.
-	InterceptionDisabled bool
-	// InterceptionConfigMap, NAMESPACE/NAME, is a ConfigMap holding an
-	// AgentConfiguration (key InterceptionConfigMapKey) whose
-	// interception.enabled the agent follows through a watch: the kill
-	// switch in about a second, rather than at the kubelet's next sync of
-	// a mounted ConfigMap. Empty: none.
-	InterceptionConfigMap string
+	// Config is the interception's part: the node, the listen addresses,
+	// the Service VIPs and the redirect's names and timings.
+	interception.Config
 
 	// Upstreams are kube-apiserver endpoints, dialled directly and never
 	// through the Service VIP.
@@ -74,9 +46,6 @@ type Config struct {
 	// agent's own requests (informers, reviews, CSRs), never for forwarded
 	// ones.
 	TokenFile string
-	// SocketMark is set (SO_MARK) on every upstream socket, and packets
-	// carrying it skip the redirect. 0 disables marking.
-	SocketMark uint32
 
 	// TLSCertFile and TLSKeyFile hold the serving certificate chain and key.
 	// Both empty: the certificate is obtained through the CSR API instead.
@@ -109,45 +78,13 @@ type Config struct {
 	// TLSCertFile.
 	SignerName string
 
-	// Chain is the nat chain the agent owns.
-	Chain string
-	// Dataplane is "auto", "iptables" or "nftables": which backend holds
-	// the redirect (resolveDataplane). NFTablesTable and NFTablesPriority
-	// name the nftables dataplane's table and its base chains' priority
-	// (zero values: the defaults).
-	Dataplane        string
-	NFTablesTable    string
-	NFTablesPriority int32
 	// IPTablesBackend is "auto", "legacy" or "nft": which iptables the
 	// rules are written with. auto follows kube-proxy.
 	IPTablesBackend string
-	// LivenessSet names the ipset (one per IP family; the IPv6 one gets a
-	// "6" suffix) whose entry for a VIP must be alive for the redirect of
-	// that VIP to apply: the kernel-enforced dead-man switch.
-	LivenessSet string
-	// LivenessTimeout is how long an entry lives after its last refresh;
-	// the agent refreshes it several times per timeout while healthy.
-	LivenessTimeout time.Duration
 	// UpstreamHealthPeriod is how often upstream health is looked at: the
 	// ping interval of a silent upstream connection and the probe interval
 	// of a failing endpoint (health.go).
 	UpstreamHealthPeriod time.Duration
-	// SyncPeriod is how often the rules and address are reconciled.
-	SyncPeriod time.Duration
-	// DetectLocalMode says how pod traffic of this node is told from VIP
-	// traffic routed in from elsewhere (detectlocal.go); ClusterCIDRs,
-	// PodBridgeInterface and PodInterfaceNamePrefix serve the modes of
-	// those names.
-	DetectLocalMode        string
-	ClusterCIDRs           []netip.Prefix
-	PodBridgeInterface     string
-	PodInterfaceNamePrefix string
-	// PodPathCheckInterval is how often the pod-path check (podpath.go)
-	// scans conntrack; zero turns it off. BypassDuration is how long a
-	// source whose traffic to the agent was dropped goes to kube-proxy's
-	// path.
-	PodPathCheckInterval time.Duration
-	BypassDuration       time.Duration
 
 	// MetricsBindAddress (host:port) serves /metrics, /healthz, /livez,
 	// /readyz and /intercepting over HTTPS; empty disables it. Every path
@@ -219,9 +156,9 @@ type Config struct {
 
 // Default values for Config fields.
 const (
-	DefaultListenAddress        = "169.254.25.10:10443"
-	DefaultListenAddressIPv6    = "[fd00:169:254:25::10]:10443"
-	DefaultListenLink           = "kube-apicache0"
+	DefaultListenAddress        = interception.DefaultListenAddress
+	DefaultListenAddressIPv6    = interception.DefaultListenAddressIPv6
+	DefaultListenLink           = interception.DefaultListenLink
 	DefaultServiceVIP           = "10.96.0.1"
 	DefaultServicePort          = 443
 	DefaultUpstreamCAFile       = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
@@ -229,7 +166,7 @@ const (
 	DefaultUpstreamCheckTimeout = 10 * time.Second
 	DefaultTokenFile            = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 	DefaultSocketMark           = 0x1000
-	DefaultChain                = "KUBE-APICACHE"
+	DefaultChain                = interception.DefaultChain
 	DefaultPodCAFile            = DefaultUpstreamCAFile
 	DefaultClusterDomain        = "cluster.local"
 	// DefaultCertificateLifetime is short because every agent's
@@ -251,16 +188,11 @@ const (
 	// shipped manifests, NAMESPACE/NAME.
 	DefaultAgentServiceAccount = "kube-apicache/kube-apicache"
 	DefaultIPTablesBackend     = "auto"
-	DefaultLivenessSet         = "KUBE-APICACHE-LIVE"
-	// DefaultLivenessTimeout bounds how long pods' new connections fail
-	// after the agent dies: about this long after its last refresh (every
-	// quarter of it), the kernel expires the entry. A refresh that comes
-	// late costs only that much: new connections take kube-proxy's path
-	// until the next refresh puts the entry back. The agent has no CPU
-	// limit in the shipped DaemonSet (so no CFS throttling); a refresh
-	// goroutine starved for 750ms on a saturated node is such a late
-	// refresh, not an outage.
-	DefaultLivenessTimeout      = time.Second
+	DefaultLivenessSet         = interception.DefaultLivenessSet
+	DefaultNFTablesTable       = interception.DefaultNFTablesTable
+	DefaultNFTablesPriority    = interception.DefaultNFTablesPriority
+	// DefaultLivenessTimeout: see interception.DefaultLivenessTimeout.
+	DefaultLivenessTimeout      = interception.DefaultLivenessTimeout
 	DefaultUpstreamHealthPeriod = 2 * time.Second
 	DefaultSyncPeriod           = 10 * time.Second
 	// A local handshake takes microseconds: a flow DNATed to the agent
@@ -311,7 +243,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--listen-address %s must be IPv4 (IPv6: --listen-address-ipv6)", c.ListenAddress.Addr())
 	case c.ListenAddress.Addr().IsLoopback():
 		return errors.New("--listen-address must not be a loopback address: the kernel drops pod traffic DNATed to loopback")
-	case c.hasFamily(netrules.IPv6) && !c.ListenAddressIPv6.IsValid():
+	case c.HasFamily(netrules.IPv6) && !c.ListenAddressIPv6.IsValid():
 		return errors.New("--listen-address-ipv6 is required when a --service-vip is IPv6")
 	}
 	if c.SignerName != "" {
@@ -319,7 +251,7 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("--signer-name: %w", err)
 		}
 	}
-	if err := c.validateDetectLocal(); err != nil {
+	if err := c.ValidateDetectLocal(); err != nil {
 		return err
 	}
 	switch {
@@ -345,7 +277,7 @@ func (c *Config) Validate() error {
 		return errors.New("--fail-open-set must be 1-30 characters without spaces or quotes")
 	case c.LivenessTimeout < time.Second || c.LivenessTimeout > time.Hour:
 		return errors.New("--fail-open-timeout must be between 1s and 1h: the kernel counts whole seconds")
-	case c.Dataplane != "" && c.Dataplane != DataplaneAuto && c.Dataplane != DataplaneIPTables && c.Dataplane != DataplaneNFTables:
+	case c.Dataplane != "" && c.Dataplane != interception.DataplaneAuto && c.Dataplane != interception.DataplaneIPTables && c.Dataplane != interception.DataplaneNFTables:
 		return fmt.Errorf("--dataplane %q must be auto, iptables or nftables", c.Dataplane)
 	case c.NFTablesPriority != 0 && (c.NFTablesPriority < -199 || c.NFTablesPriority >= netrules.NFTPriorityDstNAT):
 		return fmt.Errorf("--nftables-priority %d must be in [-199, -101]: after conntrack (-200), and strictly before dstnat (-100), where kube-proxy's nat chains run (at the same priority the order is undefined)", c.NFTablesPriority)
@@ -477,64 +409,6 @@ func (c *Config) validateListenIPv6() error {
 		return errors.New("--listen-address-ipv6 must be a unicast address")
 	}
 	return nil
-}
-
-// hasFamily reports whether a Service VIP is of family f.
-func (c *Config) hasFamily(f netrules.Family) bool {
-	for _, vip := range c.ServiceVIPs {
-		if netrules.FamilyOf(vip) == f {
-			return true
-		}
-	}
-	return false
-}
-
-// listenAddress returns the listen address of family f.
-func (c *Config) listenAddress(f netrules.Family) netip.AddrPort {
-	if f == netrules.IPv6 {
-		return c.ListenAddressIPv6
-	}
-	return c.ListenAddress
-}
-
-// ListenAddresses returns the listen address of each IP family among the
-// Service VIPs, IPv4 first: the addresses the agent serves on, adds to the
-// node and names in its serving certificate. A family without a VIP has no
-// listener.
-func (c *Config) ListenAddresses() []netip.AddrPort {
-	var out []netip.AddrPort
-	for _, f := range []netrules.Family{netrules.IPv4, netrules.IPv6} {
-		if c.hasFamily(f) {
-			out = append(out, c.listenAddress(f))
-		}
-	}
-	return out
-}
-
-// ListenIPs returns the IPs of ListenAddresses: those the serving
-// certificate names besides the Service's.
-func (c *Config) ListenIPs() []netip.Addr {
-	var out []netip.Addr
-	for _, ap := range c.ListenAddresses() {
-		out = append(out, ap.Addr())
-	}
-	return out
-}
-
-// nftTable is the nftables dataplane's table name.
-func (c *Config) nftTable() string {
-	if c.NFTablesTable == "" {
-		return DefaultNFTablesTable
-	}
-	return c.NFTablesTable
-}
-
-// nftPriority is the priority of the nftables dataplane's base chains.
-func (c *Config) nftPriority() int32 {
-	if c.NFTablesPriority == 0 {
-		return DefaultNFTablesPriority
-	}
-	return c.NFTablesPriority
 }
 
 // validNFTName reports whether s is a table name nft accepts unquoted.

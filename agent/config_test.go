@@ -8,28 +8,32 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 )
 
 func validConfig() *Config {
 	u, _ := url.Parse("https://10.0.0.2:6443")
 	return &Config{
-		NodeName:             "node-a",
-		ListenAddress:        netip.MustParseAddrPort(DefaultListenAddress),
-		ListenAddressIPv6:    netip.MustParseAddrPort(DefaultListenAddressIPv6),
-		ListenLink:           DefaultListenLink,
-		ServiceVIPs:          []netip.Addr{netip.MustParseAddr(DefaultServiceVIP)},
-		ServicePort:          DefaultServicePort,
+		Config: interception.Config{
+			NodeName:          "node-a",
+			ListenAddress:     netip.MustParseAddrPort(DefaultListenAddress),
+			ListenAddressIPv6: netip.MustParseAddrPort(DefaultListenAddressIPv6),
+			ListenLink:        DefaultListenLink,
+			ServiceVIPs:       []netip.Addr{netip.MustParseAddr(DefaultServiceVIP)},
+			ServicePort:       DefaultServicePort,
+			Chain:             DefaultChain,
+			SyncPeriod:        time.Second,
+			LivenessSet:       DefaultLivenessSet,
+			LivenessTimeout:   DefaultLivenessTimeout,
+			DetectLocalMode:   interception.DetectLocalNone,
+		},
 		Upstreams:            []*url.URL{u},
 		UpstreamCheckTimeout: time.Second,
 		TLSCertFile:          "c",
 		TLSKeyFile:           "k",
-		Chain:                DefaultChain,
-		SyncPeriod:           time.Second,
 		IPTablesBackend:      DefaultIPTablesBackend,
-		LivenessSet:          DefaultLivenessSet,
-		LivenessTimeout:      DefaultLivenessTimeout,
 		UpstreamHealthPeriod: DefaultUpstreamHealthPeriod,
-		DetectLocalMode:      DetectLocalNone,
 	}
 }
 

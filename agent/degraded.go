@@ -18,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 )
 
 // Degraded mode: when no kube-apiserver endpoint has answered the agent for
@@ -49,6 +51,11 @@ type degradedMode struct {
 	// after is how long no endpoint must have answered; probeTimeout
 	// bounds one probe of kube-proxy's path.
 	after, probeTimeout time.Duration
+	// requestSync asks the interceptor for a sync (entering or leaving
+	// the mode changes its health); vips lists the Service VIPs whose
+	// kube-proxy path is probed.
+	requestSync func()
+	vips        func() []netip.Addr
 	// since is when degraded mode began (Unix nanoseconds), 0 while the
 	// agent is not degraded.
 	since atomic.Int64
@@ -122,7 +129,7 @@ func (m *degradedMode) covers(now time.Time, err error) error {
 	}
 	switch {
 	case !m.probedAt.IsZero() && m.proxyErr == nil:
-		return stepAside{fmt.Sprintf("%v; kube-apiserver answers through kube-proxy's path, so the pods are sent there", err)}
+		return interception.StepAside(fmt.Sprintf("%v; kube-apiserver answers through kube-proxy's path, so the pods are sent there", err))
 	case now.Sub(m.downSince) < m.after+2*m.probeTimeout:
 		// Deciding: is this an outage the pods suffer anyway?
 		return nil
@@ -147,7 +154,7 @@ func (a *Agent) stepDegraded(ctx context.Context, now time.Time, recheck time.Du
 		if since := m.since.Swap(0); since != 0 {
 			logger.Info("Leaving degraded mode: an upstream endpoint answers", "degradedSince", unixTime(since).UTC(),
 				"duration", now.Sub(unixTime(since)).Round(time.Millisecond), "upstream", a.up.pick().Host)
-			a.icpt.requestSync()
+			a.degraded.requestSync()
 		}
 		return
 	}
@@ -180,7 +187,7 @@ func (a *Agent) stepDegraded(ctx context.Context, now time.Time, recheck time.Du
 			logger.Info("kube-apiserver answers through kube-proxy's path, not to the agent; handing the VIP back to kube-proxy",
 				"upstream", a.up.healthy())
 		}
-		a.icpt.requestSync()
+		a.degraded.requestSync()
 	case m.since.Load() != 0:
 		logger.V(2).Info("Still degraded: kube-proxy's path fails too", "err", err)
 	case quiet >= m.after:
@@ -188,7 +195,7 @@ func (a *Agent) stepDegraded(ctx context.Context, now time.Time, recheck time.Du
 		logger.Error(a.up.healthy(), "Entering degraded mode: no kube-apiserver endpoint answers, through the agent or kube-proxy's path; "+
 			"answering cached reads to callers with a recent allow decision, failing everything else fast",
 			"decisionTTL", m.ttl, "kubeProxyPath", err.Error(), "lastAnswer", quiet.Round(time.Millisecond))
-		a.icpt.requestSync()
+		a.degraded.requestSync()
 	default:
 		// kube-proxy's path fails, but an endpoint answered too recently:
 		// probe again at the next look.
@@ -204,7 +211,7 @@ func (a *Agent) runDegraded(ctx context.Context) {
 	if a.degraded.ttl <= 0 {
 		return
 	}
-	t := time.NewTicker(a.cfg.livenessInterval())
+	t := time.NewTicker(a.cfg.LivenessInterval())
 	defer t.Stop()
 	recheck := max(a.cfg.UpstreamHealthPeriod, time.Second)
 	for {
@@ -228,7 +235,7 @@ func (a *Agent) runDegraded(ctx context.Context) {
 // agent out of degraded mode: the safe side.
 func (a *Agent) probeKubeProxy(ctx context.Context) error {
 	var errs []error
-	for _, vip := range a.icpt.vips() {
+	for _, vip := range a.degraded.vips() {
 		err := a.probeVIP(ctx, netip.AddrPortFrom(vip, a.cfg.ServicePort))
 		if err == nil {
 			return nil

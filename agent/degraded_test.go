@@ -13,6 +13,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 )
 
 // degradedTestAgent is an agent with one upstream endpoint whose health the
@@ -31,9 +33,10 @@ func newDegradedTestAgent(t *testing.T, ttl time.Duration) *degradedTestAgent {
 	ep := newEndpoint(u)
 	up := &upstreams{endpoints: []*endpoint{ep}}
 	d := &degradedTestAgent{ep: ep, now: time.Unix(1_800_000_000, 0)}
-	a := &Agent{cfg: &Config{UpstreamHealthPeriod: 2 * time.Second, LivenessTimeout: time.Second, DegradedDecisionTTL: ttl},
-		up: up, metrics: newMetrics(), icpt: &interceptor{syncNow: make(chan struct{}, 1)}, now: func() time.Time { return d.now }}
-	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = ttl, a.degradedAfter(), a.cfg.probeTimeout()
+	a := &Agent{cfg: &Config{Config: interception.Config{LivenessTimeout: time.Second}, UpstreamHealthPeriod: 2 * time.Second, DegradedDecisionTTL: ttl},
+		up: up, metrics: newMetrics(), now: func() time.Time { return d.now }}
+	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = ttl, a.degradedAfter(), a.cfg.ProbeTimeout()
+	a.degraded.requestSync = func() {}
 	d.Agent = a
 	d.setHealthy(true)
 	return d
@@ -137,7 +140,7 @@ func TestDegradedModeDecision(t *testing.T) {
 		d.step(t, 250*time.Millisecond)
 		// then it steps aside at once, and never becomes degraded.
 		err := d.health()
-		if _, aside := errors.AsType[stepAside](err); !aside || !strings.Contains(err.Error(), "kube-proxy's path") {
+		if aside := interception.IsStepAside(err); !aside || !strings.Contains(err.Error(), "kube-proxy's path") {
 			t.Fatalf("health %v, want a step-aside naming kube-proxy's path", err)
 		}
 		for range 40 {
@@ -162,7 +165,7 @@ func TestDegradedModeDecision(t *testing.T) {
 		if d.degradedNow() {
 			t.Fatalf("still degraded while kube-proxy's path answers")
 		}
-		if _, aside := errors.AsType[stepAside](d.health()); !aside {
+		if !interception.IsStepAside(d.health()) {
 			t.Errorf("health %v, want a step-aside", d.health())
 		}
 	})

@@ -49,7 +49,7 @@ func (a *Agent) newMetricsServer() (*metricsServer, error) {
 		return nil, err
 	}
 	s := &metricsServer{}
-	mux := a.metrics.handler(a.Healthy, a.Ready, a.Intercepting, a.interceptionNote, a.icpt.dataplane+" ("+a.icpt.dataplaneReason+")", a.cfg.Profiling)
+	mux := a.metrics.handler(a.Healthy, a.Ready, a.Intercepting, a.interceptionNote, a.dataplaneNote(), a.cfg.Profiling)
 	mux.Handle(StatuszPath, a.statuszHandler())
 	s.handler = auth.secure(mux, a.cfg.Profiling)
 	if a.cfg.MetricsTLSCertFile != "" {

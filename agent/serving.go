@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kube-apicache/kube-apicache/agent/identity"
+
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 )
 
 // certSource supplies the serving certificate and says whether it may be
@@ -92,4 +94,16 @@ func listen(ctx context.Context, addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("listening on %s: %w", addr, err)
 	}
 	return l, nil
+}
+
+// probingCert wraps a certSource so that the listener records self-check
+// handshakes.
+type probingCert struct {
+	certSource
+	probes *interception.Probes
+}
+
+func (c probingCert) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	c.probes.Observe(hello.ServerName)
+	return c.certSource.GetCertificate(hello)
 }

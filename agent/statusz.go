@@ -50,7 +50,7 @@ func (a *Agent) Status() Status {
 	s := Status{
 		Node:      a.cfg.NodeName,
 		Version:   version.Get().GitVersion,
-		Dataplane: a.icpt.dataplane,
+		Dataplane: a.dataplaneName(),
 		Cache:     map[string]float64{},
 	}
 	if err := a.Intercepting(); err != nil {
@@ -116,4 +116,16 @@ func (a *Agent) statuszHandler() http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		_, _ = w.Write(b)
 	})
+}
+
+// dataplaneName names the backend the redirect runs in.
+func (a *Agent) dataplaneName() string {
+	name, _ := a.icpt.Dataplane()
+	return name
+}
+
+// dataplaneNote is the backend and why it was chosen, for /readyz.
+func (a *Agent) dataplaneNote() string {
+	name, reason := a.icpt.Dataplane()
+	return name + " (" + reason + ")"
 }

@@ -215,3 +215,20 @@ func isLinkNotFound(err error) bool {
 func isUnsupportedLinkType(err error) bool {
 	return errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOTSUP)
 }
+
+// NodeAddresses returns the addresses of the interfaces of the network
+// namespace the process runs in: for an agent in the node's namespace,
+// the sources the node's own traffic carries.
+func NodeAddresses() (map[netip.Addr]bool, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("listing the node's addresses: %w", err)
+	}
+	out := make(map[netip.Addr]bool, len(addrs))
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out[p.Addr().Unmap()] = true
+		}
+	}
+	return out, nil
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent"
 	"github.com/kube-apicache/kube-apicache/agent/approver"
 	"github.com/kube-apicache/kube-apicache/agent/identity"
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 )
 
 type approverOptions struct {
@@ -222,7 +223,7 @@ func (o *approverOptions) policy() (*approver.Policy, error) {
 	}
 	// The agents' own rule picks the listen IPs their certificates name:
 	// one per IP family among the VIPs.
-	agents := &agent.Config{ServiceVIPs: vips, ListenAddress: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), ListenAddressIPv6: ap6}
+	agents := &interception.Config{ServiceVIPs: vips, ListenAddress: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), ListenAddressIPv6: ap6}
 	listenIPs := agents.ListenIPs()
 	if slices.ContainsFunc(listenIPs, func(ip netip.Addr) bool { return !ip.IsValid() }) {
 		return nil, fmt.Errorf("--listen-address-ipv6 is required when a --service-vip is IPv6")

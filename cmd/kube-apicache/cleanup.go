@@ -8,13 +8,14 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/kube-apicache/kube-apicache/agent"
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
 // newCleanupCommand returns `kube-apicache cleanup`, which removes the
 // agent's rules, sets and addresses from the node.
 func newCleanupCommand() *cobra.Command {
-	var t agent.CleanupTarget
+	var t interception.CleanupTarget
 	var listen, listen6, backend string
 	config := configFile{sections: cleanupSections}
 	cmd := &cobra.Command{
@@ -41,7 +42,7 @@ the agent ran with if they were not the defaults.`,
 			if t.ListenAddressIPv6, err = parseListenIP("--listen-address-ipv6", listen6); err != nil {
 				return err
 			}
-			var backends []agent.CleanupBackend
+			var backends []interception.CleanupBackend
 			switch backend {
 			case "auto":
 				backends = cleanupBackends(netrules.BackendNFT, netrules.BackendLegacy)
@@ -60,7 +61,7 @@ the agent ran with if they were not the defaults.`,
 				defer k.Close()
 				nft = k
 			}
-			removed, err := agent.Cleanup(t, backends, nl, nl, nft)
+			removed, err := interception.Cleanup(t, backends, nl, nl, nft)
 			for _, r := range removed {
 				fmt.Fprintln(cmd.OutOrStdout(), "removed", r)
 			}
@@ -85,10 +86,10 @@ the agent ran with if they were not the defaults.`,
 }
 
 // cleanupBackends returns the iptables of each backend for Cleanup.
-func cleanupBackends(bs ...netrules.Backend) []agent.CleanupBackend {
-	var out []agent.CleanupBackend
+func cleanupBackends(bs ...netrules.Backend) []interception.CleanupBackend {
+	var out []interception.CleanupBackend
 	for _, b := range bs {
-		out = append(out, agent.CleanupBackend{
+		out = append(out, interception.CleanupBackend{
 			Name: string(b),
 			Open: func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(b, f) },
 		})

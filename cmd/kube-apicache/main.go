@@ -25,6 +25,7 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent"
 	"github.com/kube-apicache/kube-apicache/agent/audit"
 	"github.com/kube-apicache/kube-apicache/agent/identity"
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 	"github.com/kube-apicache/kube-apicache/agent/version"
 	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/netrules"
@@ -113,12 +114,12 @@ overrides.`,
 
 	fs = nfs.FlagSet("interception")
 	fs.BoolVar(&o.interception, "interception", true, "Intercept the kubernetes Service. false is the kill switch: the agent keeps running (cache, metrics) but hands the VIP to kube-proxy. Set in the configuration (interception.enabled), it is followed while the agent runs: watched in --interception-configmap, else re-read from the --config file every 5 seconds.")
-	fs.StringVar(&c.InterceptionConfigMap, "interception-configmap", "", "NAMESPACE/NAME of a ConfigMap holding this configuration (key "+agent.InterceptionConfigMapKey+") whose interception.enabled the agent watches through the API, so the kill switch takes effect in about a second rather than at the kubelet's next sync of the mounted file; the --config file's own interception.enabled is then not re-read. Needs get, list and watch of that ConfigMap. Ignored when --interception is on the command line.")
+	fs.StringVar(&c.InterceptionConfigMap, "interception-configmap", "", "NAMESPACE/NAME of a ConfigMap holding this configuration (key "+interception.InterceptionConfigMapKey+") whose interception.enabled the agent watches through the API, so the kill switch takes effect in about a second rather than at the kubelet's next sync of the mounted file; the --config file's own interception.enabled is then not re-read. Needs get, list and watch of that ConfigMap. Ignored when --interception is on the command line.")
 	fs.DurationVar(&c.LivenessTimeout, "fail-open-timeout", agent.DefaultLivenessTimeout, "How long the kernel keeps redirecting after the agent's last successful health check: after a crash or hang, the VIP goes back to kube-proxy within this time. This is the redirect's dead-man switch, not the container's livenessProbe.")
 	fs.DurationVar(&c.LivenessTimeout, "liveness-timeout", agent.DefaultLivenessTimeout, "Former name of --fail-open-timeout.")
 	_ = fs.MarkDeprecated("liveness-timeout", "use --fail-open-timeout")
 	fs.DurationVar(&c.SyncPeriod, "sync-period", agent.DefaultSyncPeriod, "How often the redirect and address are checked and repaired.")
-	fs.StringVar(&c.DetectLocalMode, "detect-local-mode", agent.DetectLocalPodIPs, "How pod traffic of this node is told from Service VIP traffic routed in from elsewhere (BGP-advertised Service CIDRs), which is left to kube-proxy: "+strings.Join(agent.DetectLocalModes, ", ")+". PodIPs follows the IPs of this node's pods and works with any CNI; the others are kube-proxy's modes. Host-network traffic is always intercepted.")
+	fs.StringVar(&c.DetectLocalMode, "detect-local-mode", interception.DetectLocalPodIPs, "How pod traffic of this node is told from Service VIP traffic routed in from elsewhere (BGP-advertised Service CIDRs), which is left to kube-proxy: "+strings.Join(interception.DetectLocalModes, ", ")+". PodIPs follows the IPs of this node's pods and works with any CNI; the others are kube-proxy's modes. Host-network traffic is always intercepted.")
 	fs.StringSliceVar(&o.clusterCIDRs, "cluster-cidr", nil, "Pod CIDR of the cluster, one per IP family, for --detect-local-mode=ClusterCIDR.")
 	fs.StringVar(&c.PodBridgeInterface, "pod-bridge-interface", "", "Bridge the node's pods are attached to, for --detect-local-mode=BridgeInterface.")
 	fs.StringVar(&c.PodInterfaceNamePrefix, "pod-interface-name-prefix", "", "Prefix of the node's pod interfaces (cali, lxc, veth), for --detect-local-mode=InterfaceNamePrefix.")
@@ -127,7 +128,7 @@ overrides.`,
 	fs.DurationVar(&c.ShutdownGracePeriod, "shutdown-grace-period", agent.DefaultShutdownGracePeriod, "On SIGTERM, how long in-flight requests may run after the redirect is removed.")
 
 	fs = nfs.FlagSet("dataplane")
-	fs.StringVar(&c.Dataplane, "dataplane", agent.DataplaneAuto, "Where the redirect lives: auto (nftables where kube-proxy runs in nftables mode or iptables is the nf_tables backend, so that the redirect runs ahead of every dstnat chain; iptables on legacy-iptables nodes), iptables or nftables. The other one's redirect, left by an agent that used it, is removed.")
+	fs.StringVar(&c.Dataplane, "dataplane", interception.DataplaneAuto, "Where the redirect lives: auto (nftables where kube-proxy runs in nftables mode or iptables is the nf_tables backend, so that the redirect runs ahead of every dstnat chain; iptables on legacy-iptables nodes), iptables or nftables. The other one's redirect, left by an agent that used it, is removed.")
 	fs.StringVar(&c.NFTablesTable, "nftables-table", agent.DefaultNFTablesTable, "Name of the agent's nftables table (ip and ip6 families) in the nftables dataplane.")
 	fs.Int32Var(&c.NFTablesPriority, "nftables-priority", agent.DefaultNFTablesPriority, "Priority of the nftables dataplane's nat prerouting and output chains, in [-199, -101] (strictly before dstnat, where the order of equal priorities is undefined); the default, dstnat-1, runs ahead of kube-proxy's nftables mode and iptables-nft, which run at dstnat (-100).")
 	fs.StringVar(&c.IPTablesBackend, "iptables-backend", agent.DefaultIPTablesBackend, "iptables backend for the redirect: auto (the one kube-proxy uses, found by its KUBE-IPTABLES-HINT chain), legacy or nft.")
@@ -318,7 +319,7 @@ func run(ctx context.Context, cfg *agent.Config, config *configFile) error {
 		return fmt.Errorf("netlink: %w", err)
 	}
 	defer nl.Close()
-	k := agent.Kernel{
+	k := interception.Kernel{
 		IPTables:  func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(backend, f) },
 		Backend:   string(backend),
 		Netlink:   nl,

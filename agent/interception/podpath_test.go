@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -123,7 +123,7 @@ func TestPodPath(t *testing.T) {
 	if got := testutil.ToFloat64(a.icpt.podPath.unanswered.WithLabelValues("IPv4", unansweredCounted)); got != 2*blockedAttempts {
 		t.Errorf("unanswered attempts counted = %v, want %d (of pods %s and %s)", got, 2*blockedAttempts, pod(5), pod(7))
 	}
-	if note := a.interceptionNote(); !strings.Contains(note, "dropped on the way") || !strings.Contains(note, pod(7).String()) {
+	if note := a.icpt.PodPathNote(); !strings.Contains(note, "dropped on the way") || !strings.Contains(note, pod(7).String()) {
 		t.Errorf("/intercepting note = %q", note)
 	}
 
@@ -245,5 +245,33 @@ func TestPodPathUnansweredSources(t *testing.T) {
 				t.Errorf("unanswered attempts %s = %v, want %d", tc.outcome, got, tc.attempts)
 			}
 		})
+	}
+}
+
+// TestSkipSource: with the pod-path check on, a source handed over (a
+// client-certificate caller) goes into its family's skip set; with the
+// check off there is no skip set, and the source cannot be steered.
+func TestSkipSource(t *testing.T) {
+	for _, on := range []bool{true, false} {
+		k := newFakeKernel(t)
+		ep := newTestEndpoint(t, ok)
+		a, _ := newSyncTestAgentWith(t, k, ep, func(c *Config) {
+			if on {
+				c.PodPathCheckInterval = 250 * time.Millisecond
+				c.BypassDuration = 10 * time.Minute
+			}
+		})
+		if notReady, err := a.icpt.sync(context.Background()); err != nil || notReady != nil {
+			t.Fatalf("sync = %v, %v", notReady, err)
+		}
+		pod := netip.MustParseAddr("10.244.1.5")
+		steerable, err := a.icpt.SkipSource(pod)
+		if err != nil || steerable != on {
+			t.Errorf("pod-path check %t: SkipSource = %t, %v; want %t", on, steerable, err, on)
+		}
+		if got := k.ipset.Contains(skipSetName(a.cfg, netrules.IPv4), pod); got != on {
+			t.Errorf("pod-path check %t: source in the skip set %t", on, got)
+		}
+		a.icpt.RemoveStale()
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"net/netip"
@@ -74,7 +74,7 @@ func mustDo(t *testing.T, err error) {
 
 func dataplaneConfig() *Config {
 	c := validConfig()
-	c.SocketMark = DefaultSocketMark
+	c.SocketMark = testSocketMark
 	c.ServiceVIPs = []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00:10:96::1")}
 	return c
 }
@@ -178,7 +178,7 @@ func TestDeadManSwitch(t *testing.T) {
 				t.Fatalf("%s while refreshed: %s, want %s", hook, got, agent)
 			}
 		}
-		if got := route("OUTPUT", DefaultSocketMark); got != kubeProxy {
+		if got := route("OUTPUT", testSocketMark); got != kubeProxy {
 			t.Fatalf("marked packet went to %s, want %s (a loop)", got, kubeProxy)
 		}
 	}

@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"errors"
@@ -230,7 +230,7 @@ func (d *dataplane) remove() error {
 // it, and in the other backend the same redirects as an agent that ran
 // with that one (an upgrade, a changed --dataplane) left them, to be
 // removed: never two redirects.
-func (ic *interceptor) buildDataplanes(k Kernel) error {
+func (ic *Interceptor) buildDataplanes(k Kernel) error {
 	var err error
 	if ic.dataplane, ic.dataplaneReason, err = resolveDataplane(ic.cfg.Dataplane, k); err != nil {
 		return err
@@ -264,7 +264,7 @@ const othersCheckPeriod = time.Minute
 // removeOthers removes the other backend's redirect, rules and sets, where
 // one is in place, so that two redirects never stay on the node. It looks
 // at most every othersCheckPeriod. ic.syncMu must be held.
-func (ic *interceptor) removeOthers(logger klog.Logger) {
+func (ic *Interceptor) removeOthers(logger klog.Logger) {
 	if len(ic.others) == 0 || ic.now().Before(ic.othersCheckAt) {
 		return
 	}

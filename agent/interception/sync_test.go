@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,20 +22,18 @@ import (
 // is a real TLS server on loopback. The "VIP" is that listener's address, so
 // the self-check's connection lands on it without NAT (the fake kernel does
 // not carry packets), and the upstream is ep.
-func newSyncTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) (*Agent, netip.AddrPort) {
+func newSyncTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) (*testAgent, netip.AddrPort) {
 	t.Helper()
 	return newSyncTestAgentWith(t, k, ep, nil)
 }
 
 // newSyncTestAgentWith is newSyncTestAgent with edit applied to the
 // configuration before the dataplanes are built.
-func newSyncTestAgentWith(t *testing.T, k *fakeKernel, ep *testEndpoint, edit func(*Config)) (*Agent, netip.AddrPort) {
+func newSyncTestAgentWith(t *testing.T, k *fakeKernel, ep *testEndpoint, edit func(*Config)) (*testAgent, netip.AddrPort) {
 	t.Helper()
-	a := &Agent{probes: newProbes(), metrics: newMetrics(), now: time.Now}
-	cert := ep.srv.TLS.Certificates[0]
-	a.cert = probeTestCert{&cert}
+	a := newTestAgent(ep)
 	listener := httptest.NewUnstartedServer(http.NotFoundHandler())
-	listener.TLS = &tls.Config{GetCertificate: probingCert{certSource: a.cert, probes: a.probes}.GetCertificate}
+	listener.TLS = &tls.Config{GetCertificate: a.getCertificate}
 	listener.StartTLS()
 	t.Cleanup(listener.Close)
 	ap := netip.MustParseAddrPort(listener.Listener.Addr().String())
@@ -48,21 +45,18 @@ func newSyncTestAgentWith(t *testing.T, k *fakeKernel, ep *testEndpoint, edit fu
 	if edit != nil {
 		edit(cfg)
 	}
-	wireTestAgent(t, a, cfg, k, ep)
+	wireTestAgent(t, a, cfg, k)
 	return a, ap
 }
 
-// wireTestAgent completes a test agent: cfg, its dataplanes over the fake
-// kernel k, and ep as its one upstream, already health-checked, with the
-// kubernetes Service read and matching the configuration
-// (TestServiceCheck covers the other cases).
-func wireTestAgent(t *testing.T, a *Agent, cfg *Config, k *fakeKernel, ep *testEndpoint) {
+// wireTestAgent completes a test agent: cfg and its interceptor over the
+// fake kernel k, with the kubernetes Service read and matching the
+// configuration (TestServiceCheck covers the other cases).
+func wireTestAgent(t *testing.T, a *testAgent, cfg *Config, k *fakeKernel) {
 	t.Helper()
 	a.cfg = cfg
-	a.up = newTestUpstreams(ep)
-	a.up.checkAll(context.Background(), time.Second)
 	var err error
-	if a.icpt, err = newInterceptor(cfg, k.kernel(), a.interceptorDeps()); err != nil {
+	if a.icpt, err = New(cfg, k.kernel(), a.Deps()); err != nil {
 		t.Fatal(err)
 	}
 	a.icpt.service.Store(&serviceCheck{read: true})
@@ -131,7 +125,6 @@ func TestSync(t *testing.T) {
 	// When the upstream fails its health check, then the entry goes at
 	// once and the agent says why it is not ready; the rules stay.
 	ep.sick.Store(true)
-	a.up.checkAll(ctx, time.Second)
 	notReady, err := a.icpt.sync(ctx)
 	if err != nil || notReady == nil || !strings.Contains(notReady.Error(), "unhealthy") {
 		t.Fatalf("sync with a sick upstream = %v, %v; want not ready (unhealthy)", notReady, err)
@@ -143,12 +136,11 @@ func TestSync(t *testing.T) {
 		t.Errorf("rules removed for an unhealthy agent; only its entry should go")
 	}
 	ep.sick.Store(false)
-	a.up.checkAll(ctx, time.Second)
 	syncOK("recovered")
 
 	// When the agent goes away cleanly, then only kube-proxy's rules are
 	// left.
-	a.icpt.removeStale()
+	a.icpt.RemoveStale()
 	if diff := cmp.Diff(natBefore, k.ipt.Save("nat")); diff != "" {
 		t.Errorf("nat after removal (-before +after):\n%s", diff)
 	}
@@ -233,7 +225,6 @@ func TestReadiness(t *testing.T) {
 	// When its upstream is down at the first sync, it steps aside and is
 	// ready, not intercepting.
 	ep.sick.Store(true)
-	a.up.checkAll(ctx, time.Second)
 	a.icpt.syncOrStepAside(ctx)
 	if err := a.Ready(); err != nil {
 		t.Errorf("not ready after stepping aside: %v", err)
@@ -246,7 +237,6 @@ func TestReadiness(t *testing.T) {
 	}
 	// When the upstream recovers, it intercepts.
 	ep.sick.Store(false)
-	a.up.checkAll(ctx, time.Second)
 	a.icpt.syncOrStepAside(ctx)
 	if err := errors.Join(a.Ready(), a.Intercepting()); err != nil {
 		t.Errorf("after recovery: %v", err)
@@ -269,7 +259,7 @@ func TestReadiness(t *testing.T) {
 	if err := a.Ready(); err == nil {
 		t.Error("ready while shutting down")
 	}
-	a.icpt.removeStale()
+	a.icpt.RemoveStale()
 }
 
 // TestDetectLocal checks, per --detect-local-mode, that VIP traffic of this
@@ -303,7 +293,7 @@ func TestDetectLocal(t *testing.T) {
 					tc.edit(c)
 				}
 			})
-			mustDo(t, a.cfg.validateDetectLocal())
+			mustDo(t, a.cfg.ValidateDetectLocal())
 			ctx := context.Background()
 			a.icpt.local.set("default/local", []netip.Addr{localPod.Src})
 			if tc.mode == DetectLocalNodeCIDR {
@@ -347,7 +337,7 @@ func TestDetectLocal(t *testing.T) {
 			if goesToAgent(localPod) || !goesToAgent(fake.Packet{Src: netip.MustParseAddr("10.244.1.7")}) {
 				t.Errorf("the pods set did not follow the node's pods:\n%s", k.ipset.Save())
 			}
-			a.icpt.removeStale()
+			a.icpt.RemoveStale()
 			if got := k.ipset.Save(); got != "" {
 				t.Errorf("sets left:\n%s", got)
 			}
@@ -363,7 +353,6 @@ func TestSyncRequestedOnceHealthy(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ep.sick.Store(true)
-	a.up.checkAll(ctx, time.Second)
 	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err == nil {
 		t.Fatal("intercepting with a sick upstream")
@@ -373,7 +362,6 @@ func TestSyncRequestedOnceHealthy(t *testing.T) {
 	default:
 	}
 	ep.sick.Store(false)
-	a.up.checkAll(ctx, time.Second)
 	go a.icpt.runLiveness(ctx)
 	select {
 	case <-a.icpt.syncNow:
@@ -385,12 +373,12 @@ func TestSyncRequestedOnceHealthy(t *testing.T) {
 		t.Errorf("not intercepting after the sync: %v", err)
 	}
 	cancel()
-	a.icpt.removeStale()
+	a.icpt.RemoveStale()
 }
 
 // newLivenessTestAgent is a sync test agent whose liveness loop refreshes
 // every 250ms (a one-second timeout).
-func newLivenessTestAgent(t *testing.T) (*fakeKernel, *testEndpoint, *Agent) {
+func newLivenessTestAgent(t *testing.T) (*fakeKernel, *testEndpoint, *testAgent) {
 	t.Helper()
 	k := newFakeKernel(t)
 	ep := newTestEndpoint(t, ok)
@@ -399,21 +387,17 @@ func newLivenessTestAgent(t *testing.T) (*fakeKernel, *testEndpoint, *Agent) {
 	return k, ep, a
 }
 
-// TestWarmup: given an agent whose pinned resources have not synced, it
-// does not intercept (an agent killed while it lists them must never have
-// taken the node's traffic) and says why; once they have synced, the
-// liveness loop asks for a sync and the agent intercepts. An agent whose
-// warm-up timed out intercepts with resources still unsynced.
-func TestWarmup(t *testing.T) {
+// TestHealthReturns: given an agent that cannot stand in for
+// kube-apiserver yet (here its pinned resources have not synced), the
+// interceptor does not intercept and says why, while it is ready (a
+// rollout must not wait for a cache); once the agent's health returns,
+// the liveness loop asks for a sync at once and the next sync intercepts.
+func TestHealthReturns(t *testing.T) {
 	_, _, a := newLivenessTestAgent(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	defer a.icpt.removeStale()
-	var pending atomic.Pointer[[]string]
-	pending.Store(&[]string{"services"})
-	a.warm.pinnedUnsynced = func() []string { return *pending.Load() }
-	a.warm.started = time.Now()
-	a.cfg.CacheWarmupTimeout = time.Hour
+	defer a.icpt.RemoveStale()
+	a.setHealthErr(errors.New("waiting up to 30s after start-up for the pinned resources to sync: services"))
 
 	a.icpt.syncOrStepAside(ctx)
 	err := a.Intercepting()
@@ -421,36 +405,21 @@ func TestWarmup(t *testing.T) {
 		t.Fatalf("Intercepting() = %v, want the wait for services", err)
 	}
 	if err := a.Ready(); err != nil {
-		t.Errorf("Ready() = %v while warming up: a rollout must not wait for the cache", err)
+		t.Errorf("Ready() = %v while the agent's health is pending: a rollout must not wait for the cache", err)
 	}
 	select {
 	case <-a.icpt.syncNow:
 	default:
 	}
 	go a.icpt.runLiveness(ctx)
-	pending.Store(&[]string{})
+	a.setHealthErr(nil)
 	select {
 	case <-a.icpt.syncNow:
 	case <-time.After(2 * time.Second):
-		t.Fatal("no sync asked for once the pinned resources synced")
+		t.Fatal("no sync asked for once the agent was healthy")
 	}
 	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err != nil {
-		t.Fatalf("not intercepting once synced: %v", err)
-	}
-	// Warmed up for good: a later relist does not take the traffic away.
-	pending.Store(&[]string{"services"})
-	a.icpt.syncOrStepAside(ctx)
-	if err := a.Intercepting(); err != nil {
-		t.Errorf("not intercepting while a pinned resource relists: %v", err)
-	}
-
-	// When the warm-up has timed out, an unsynced resource does not hold
-	// interception back.
-	a.warm.done.Store(false)
-	a.warm.started = time.Now().Add(-2 * time.Hour)
-	a.icpt.syncOrStepAside(ctx)
-	if err := a.Intercepting(); err != nil {
-		t.Errorf("not intercepting after the warm-up timed out: %v", err)
+		t.Fatalf("not intercepting once healthy: %v", err)
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -16,32 +16,32 @@ import (
 // hand the VIP back to kube-proxy while the agent is fine.
 const refreshesPerTimeout = 4
 
-// livenessInterval is the time between refreshes.
-func (c *Config) livenessInterval() time.Duration {
+// LivenessInterval is the time between refreshes.
+func (c *Config) LivenessInterval() time.Duration {
 	return max(c.LivenessTimeout/refreshesPerTimeout, 250*time.Millisecond)
 }
 
-// probeTimeout bounds each health probe, so that a check finishes well
+// ProbeTimeout bounds each health probe, so that a check finishes well
 // within the time an entry lives.
-func (c *Config) probeTimeout() time.Duration {
+func (c *Config) ProbeTimeout() time.Duration {
 	return min(max(c.LivenessTimeout/3, 500*time.Millisecond), 3*time.Second)
 }
 
 // health returns nil while the agent may intercept: the kill switch and
 // the Service check let it, and it can stand in for kube-apiserver
-// (interceptorDeps.health). Otherwise it says why not. Each family's
+// (Deps.health). Otherwise it says why not. Each family's
 // listener is checked on its own (listenerHealth): one family's failure
 // takes only that family's VIPs back to kube-proxy.
-func (ic *interceptor) health() error {
+func (ic *Interceptor) health() error {
 	if err := ic.switchedOff(); err != nil {
 		return err
 	}
-	return ic.deps.health()
+	return ic.deps.Health()
 }
 
 // listenerHealth returns nil while d's listener completes a TLS handshake.
-func (ic *interceptor) listenerHealth(ctx context.Context, d *dataplane) error {
-	if err := checkListener(ctx, d.listen, ic.cfg.probeTimeout()); err != nil {
+func (ic *Interceptor) listenerHealth(ctx context.Context, d *dataplane) error {
+	if err := checkListener(ctx, d.listen, ic.cfg.ProbeTimeout()); err != nil {
 		return fmt.Errorf("%s listener not serving: %w", familyName(d.family), err)
 	}
 	return nil
@@ -75,9 +75,9 @@ func joinOneLine(errs []error) error {
 // fails, only that family's entries go. Either way a sync is requested,
 // which reports not-ready and restores interception once the agent is
 // healthy again.
-func (ic *interceptor) runLiveness(ctx context.Context) {
+func (ic *Interceptor) runLiveness(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	t := time.NewTicker(ic.cfg.livenessInterval())
+	t := time.NewTicker(ic.cfg.LivenessInterval())
 	defer t.Stop()
 	// lastRefresh is when the entries were last refreshed, zero after a
 	// tick that did not refresh them.
@@ -93,7 +93,7 @@ func (ic *interceptor) runLiveness(ctx context.Context) {
 			// Healthy since the last sync found otherwise (a certificate
 			// issued, an upstream back): intercept now rather than at the
 			// next sync period.
-			ic.requestSync()
+			ic.RequestSync()
 		}
 		// Listeners are checked outside the lock: a handshake takes time.
 		listenerErrs := make([]error, len(ic.planes))
@@ -127,7 +127,7 @@ func (ic *interceptor) runLiveness(ctx context.Context) {
 			}
 			ic.clearEntries(logger)
 			ic.setNotIntercepting(notInterceptingBecause(healthErr))
-			ic.requestSync()
+			ic.RequestSync()
 		case !ic.anyActive():
 			// Not intercepting (start-up, failed sync or self-check): the
 			// sync loop decides when to start again.
@@ -153,12 +153,12 @@ func (ic *interceptor) runLiveness(ctx context.Context) {
 				ic.metrics.liveness.WithLabelValues("unhealthy").Inc()
 				logger.Error(err, "Listener not serving; handing its family's VIPs back to kube-proxy")
 				ic.setNotIntercepting(fmt.Errorf("unhealthy: %w", err))
-				ic.requestSync()
+				ic.RequestSync()
 			}
 			if err := errors.Join(errs...); err != nil {
 				ic.metrics.liveness.WithLabelValues("error").Inc()
 				logger.Error(err, "Refreshing the liveness set failed; repairing")
-				ic.requestSync()
+				ic.RequestSync()
 			} else if len(down) == 0 {
 				ic.metrics.liveness.WithLabelValues("refreshed").Inc()
 				refreshed = true
@@ -184,7 +184,7 @@ func (ic *interceptor) runLiveness(ctx context.Context) {
 
 // anyActive reports whether some family is intercepted. ic.planeMu must be
 // held.
-func (ic *interceptor) anyActive() bool {
+func (ic *Interceptor) anyActive() bool {
 	for _, d := range ic.planes {
 		if d.active {
 			return true
@@ -194,7 +194,7 @@ func (ic *interceptor) anyActive() bool {
 }
 
 // clearEntriesLocked takes ic.planeMu and deletes every liveness entry.
-func (ic *interceptor) clearEntriesLocked(logger klog.Logger) {
+func (ic *Interceptor) clearEntriesLocked(logger klog.Logger) {
 	ic.planeMu.Lock()
 	defer ic.planeMu.Unlock()
 	ic.clearEntries(logger)
@@ -202,7 +202,7 @@ func (ic *interceptor) clearEntriesLocked(logger klog.Logger) {
 
 // clearEntries deletes every liveness entry; no family is active any more.
 // ic.planeMu must be held.
-func (ic *interceptor) clearEntries(logger klog.Logger) {
+func (ic *Interceptor) clearEntries(logger klog.Logger) {
 	for _, d := range ic.planes {
 		if err := d.clear(); err != nil {
 			logger.Error(err, "Deleting liveness entries")
@@ -210,8 +210,8 @@ func (ic *interceptor) clearEntries(logger klog.Logger) {
 	}
 }
 
-// requestSync asks the run loop for a sync soon; it never blocks.
-func (ic *interceptor) requestSync() {
+// RequestSync asks the run loop for a sync soon; it never blocks.
+func (ic *Interceptor) RequestSync() {
 	select {
 	case ic.syncNow <- struct{}{}:
 	default:

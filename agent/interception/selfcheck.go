@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -17,20 +17,21 @@ import (
 // reserved (RFC 2606): no real client sends it.
 const probeSuffix = ".selfcheck.kube-apicache.invalid"
 
-// probes records the server names of self-check handshakes that reached the
+// Probes records the server names of self-check handshakes that reached the
 // agent's own listener, so a probe can tell whether its connection landed
 // here or somewhere else (kube-apiserver, through a load balancer the
 // redirect cannot precede).
-type probes struct {
+type Probes struct {
 	mu   sync.Mutex // protects the field below
 	seen map[string]chan struct{}
 }
 
-func newProbes() *probes { return &probes{seen: map[string]chan struct{}{}} }
+// NewProbes returns an empty registry.
+func NewProbes() *Probes { return &Probes{seen: map[string]chan struct{}{}} }
 
 // expect registers a fresh nonce and returns the server name to send and a
 // channel closed when a handshake with that name arrives.
-func (p *probes) expect() (string, <-chan struct{}, func()) {
+func (p *Probes) expect() (string, <-chan struct{}, func()) {
 	b := make([]byte, 12)
 	_, _ = rand.Read(b)
 	name := hex.EncodeToString(b) + probeSuffix
@@ -45,8 +46,8 @@ func (p *probes) expect() (string, <-chan struct{}, func()) {
 	}
 }
 
-// observe notes a ClientHello's server name.
-func (p *probes) observe(name string) {
+// Observe notes a ClientHello's server name.
+func (p *Probes) Observe(name string) {
 	if !strings.HasSuffix(name, probeSuffix) {
 		return
 	}
@@ -58,27 +59,15 @@ func (p *probes) observe(name string) {
 	}
 }
 
-// probingCert wraps a certSource so that the listener records self-check
-// handshakes.
-type probingCert struct {
-	certSource
-	probes *probes
-}
-
-func (c probingCert) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-	c.probes.observe(hello.ServerName)
-	return c.certSource.GetCertificate(hello)
-}
-
 // selfCheck opens an unmarked connection to vip:port, as a pod would, and
 // checks that its TLS handshake reached this agent: the redirect really
 // takes effect for this node's traffic. It fails where something rewrites
 // the destination before netfilter sees it (a socket-level load balancer
 // such as Cilium's), or where another rule wins over ours.
-func (ic *interceptor) selfCheck(ctx context.Context, vip netip.Addr, timeout time.Duration) error {
+func (ic *Interceptor) selfCheck(ctx context.Context, vip netip.Addr, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	name, landed, forget := ic.deps.expectProbe()
+	name, landed, forget := ic.probes.expect()
 	defer forget()
 	addr := netip.AddrPortFrom(vip, ic.cfg.ServicePort).String()
 	// A plain dialer: no SO_MARK, so the packet meets the redirect as pod

@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -16,18 +16,21 @@ import (
 	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
-// interceptor is the redirect policy over netrules: which dataplane runs
+// Interceptor is the redirect policy over netrules: which dataplane runs
 // the redirect and its rules and sets, the liveness refresher, the
 // self-check, the pod-path check, detect-local, the kill switch and the
 // Service check, and the removal of what is left on the node. It decides
 // whether the node's traffic to the Service VIPs reaches the agent; it
 // knows nothing of HTTP serving or of the upstream endpoints beyond what
-// interceptorDeps tells it.
-type interceptor struct {
+// Deps tells it.
+type Interceptor struct {
 	// Fixed at construction.
 	cfg     *Config
-	deps    interceptorDeps
+	deps    Deps
 	metrics *interceptionMetrics
+	// probes are the self-check handshakes the listener has to report
+	// (Probes).
+	probes *Probes
 	// planes holds one redirect per IP family among the Service VIPs, each
 	// with its own listen address.
 	planes  []*dataplane
@@ -63,7 +66,7 @@ type interceptor struct {
 
 	// syncMu serializes the work on the node's netfilter rules and
 	// addresses: syncs, the removal after a failed one, shutdown and
-	// removeStale. It is held across exec'd iptables calls, which take
+	// RemoveStale. It is held across exec'd iptables calls, which take
 	// long on a node with a large nat table or a busy xtables lock. It
 	// also protects the fields below.
 	syncMu sync.Mutex
@@ -95,39 +98,37 @@ type interceptor struct {
 	lastSync time.Time
 }
 
-// interceptorDeps is what the interceptor needs from the rest of the
+// Deps is what the Interceptor needs from the rest of the
 // agent, each as narrow as one func.
-type interceptorDeps struct {
-	// health returns nil while the agent can stand in for kube-apiserver:
+type Deps struct {
+	// Health returns nil while the agent can stand in for kube-apiserver:
 	// its certificate is ready, an upstream endpoint is healthy (or the
 	// agent is in degraded mode) and its cache has warmed up.
-	health func() error
-	// expectProbe registers a self-check handshake with the listener: the
-	// server name to send, a channel closed when the listener saw it, and
-	// a func to forget it.
-	expectProbe func() (name string, landed <-chan struct{}, forget func())
-	// restConfig is the agent's own client configuration, for the watches
-	// of the kubernetes Service, the kill switch's ConfigMap and this
-	// node's pods.
-	restConfig func() *rest.Config
-	// upstream names the upstream endpoint requests go to, for logs.
-	upstream func() string
-	// ready and intercepting are the gauges of Ready and Intercepting;
-	// ruleSyncs counts syncs by outcome.
-	ready, intercepting prometheus.Gauge
-	ruleSyncs           *prometheus.CounterVec
-	// registry takes the interceptor's own metrics.
-	registry prometheus.Registerer
+	Health func() error
+	// RESTConfig is the agent's own client configuration, for the watches
+	// of the kubernetes Service and the kill switch's ConfigMap;
+	// LocalRESTConfig the one for the watches of this node's pods and
+	// Node (detect-local, the pod-path check).
+	RESTConfig, LocalRESTConfig func() *rest.Config
+	// Upstream names the upstream endpoint requests go to, for logs.
+	Upstream func() string
+	// Ready and Intercepting are the gauges of Ready and Intercepting;
+	// RuleSyncs counts syncs by outcome.
+	Ready, Intercepting prometheus.Gauge
+	RuleSyncs           *prometheus.CounterVec
+	// Registry takes the interceptor's own metrics.
+	Registry prometheus.Registerer
 }
 
-// newInterceptor picks the dataplane and builds the redirects. It changes
+// New picks the dataplane and builds the redirects. It changes
 // nothing on the node.
-func newInterceptor(cfg *Config, k Kernel, deps interceptorDeps) (*interceptor, error) {
-	ic := &interceptor{
+func New(cfg *Config, k Kernel, deps Deps) (*Interceptor, error) {
+	ic := &Interceptor{
 		cfg:             cfg,
 		deps:            deps,
 		backend:         k.Backend,
 		syncNow:         make(chan struct{}, 1),
+		probes:          NewProbes(),
 		local:           newLocalPods(),
 		firstSync:       make(chan struct{}),
 		now:             time.Now,
@@ -140,20 +141,20 @@ func newInterceptor(cfg *Config, k Kernel, deps interceptorDeps) (*interceptor, 
 	if err := ic.buildDataplanes(k); err != nil {
 		return nil, err
 	}
-	ic.metrics = newInterceptionMetrics(deps.registry)
-	deps.registry.MustRegister(ic.switchCollector(), ic.serviceMismatchCollector())
+	ic.metrics = newInterceptionMetrics(deps.Registry)
+	deps.Registry.MustRegister(ic.switchCollector(), ic.serviceMismatchCollector())
 	if cfg.PodPathCheckInterval > 0 && k.Conntrack != nil {
-		ic.podPath = newPodPath(k.Conntrack, deps.registry)
+		ic.podPath = newPodPath(k.Conntrack, deps.Registry)
 	}
 	return ic, nil
 }
 
-// run keeps the redirect in sync until ctx ends: on a timer, and whenever
+// Run keeps the redirect in sync until ctx ends: on a timer, and whenever
 // something it follows changed. Its first sync, like any later one, fails
 // open: the agent stays up and ready (a node whose dataplane it cannot
 // drive must not stop a rollout), reports why it does not intercept, and
 // retries. The redirect stays in place when run returns: stop removes it.
-func (ic *interceptor) run(ctx context.Context) {
+func (ic *Interceptor) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	wg.Go(func() { ic.watchService(ctx) })
@@ -184,16 +185,24 @@ func (ic *interceptor) run(ctx context.Context) {
 	}
 }
 
-// Decided is closed once the first sync has decided whether to intercept.
-func (ic *interceptor) Decided() <-chan struct{} { return ic.firstSync }
+// Dataplane names the backend the redirect runs in, and why it was
+// chosen.
+func (ic *Interceptor) Dataplane() (name, reason string) { return ic.dataplane, ic.dataplaneReason }
 
-// stop hands the VIP back to kube-proxy's path at shutdown, once run has
+// Probes is the registry of self-check handshakes: the listener reports
+// every ClientHello's server name to it (Probes.Observe).
+func (ic *Interceptor) Probes() *Probes { return ic.probes }
+
+// Decided is closed once the first sync has decided whether to intercept.
+func (ic *Interceptor) Decided() <-chan struct{} { return ic.firstSync }
+
+// Stop hands the VIP back to kube-proxy's path at shutdown, once run has
 // returned: the liveness entries go first (new connections take
 // kube-proxy's path at once), then the jumps, chain and set, in up to three
 // attempts. It reports whether they are gone; the listen addresses stay
 // for releaseAddresses, since established connections keep their NAT
 // mapping to them.
-func (ic *interceptor) stop(logger klog.Logger) (removed bool) {
+func (ic *Interceptor) Stop(logger klog.Logger) (removed bool) {
 	ic.setStopping()
 	ic.setNotIntercepting(errors.New("shutting down"))
 	// The liveness loop has stopped; planeMu is held throughout anyway,
@@ -220,11 +229,11 @@ func (ic *interceptor) stop(logger klog.Logger) (removed bool) {
 	return false
 }
 
-// releaseAddresses removes the listen addresses once the server has
+// ReleaseAddresses removes the listen addresses once the server has
 // stopped, if stop removed the redirect (a redirect to a missing address
 // would black-hole traffic) and no successor has installed its own
 // meanwhile.
-func (ic *interceptor) releaseAddresses(logger klog.Logger, removed bool) {
+func (ic *Interceptor) ReleaseAddresses(logger klog.Logger, removed bool) {
 	if !removed {
 		logger.Info("Redirect rules could not be removed; leaving the listen address in place")
 		return
@@ -244,22 +253,22 @@ func (ic *interceptor) releaseAddresses(logger klog.Logger, removed bool) {
 }
 
 // setStopping marks the start of shutdown: the agent is no longer ready.
-func (ic *interceptor) setStopping() {
+func (ic *Interceptor) setStopping() {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	ic.stopping = true
-	ic.deps.ready.Set(0)
+	ic.deps.Ready.Set(0)
 }
 
 // Healthy returns nil unless the sync loop is stuck.
-func (ic *interceptor) Healthy() error {
+func (ic *Interceptor) Healthy() error {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	return ic.syncLoopStuck()
 }
 
-// vips lists the Service VIPs, by family.
-func (ic *interceptor) vips() []netip.Addr {
+// VIPs lists the Service VIPs, by family.
+func (ic *Interceptor) VIPs() []netip.Addr {
 	var out []netip.Addr
 	for _, d := range ic.planes {
 		out = append(out, d.vips...)
@@ -267,13 +276,13 @@ func (ic *interceptor) vips() []netip.Addr {
 	return out
 }
 
-// podPathNote is the latest source sent back to kube-proxy's path because
+// PodPathNote is the latest source sent back to kube-proxy's path because
 // its traffic to the agent was dropped, for /intercepting; "" if none.
-func (ic *interceptor) podPathNote() string { return ic.podPath.status(ic.now()) }
+func (ic *Interceptor) PodPathNote() string { return ic.podPath.status(ic.now()) }
 
 // Intercepting returns nil while the agent intercepts the Service VIP,
 // else the reason it does not.
-func (ic *interceptor) Intercepting() error {
+func (ic *Interceptor) Intercepting() error {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	return ic.notIntercepting
@@ -292,7 +301,7 @@ func (ic *interceptor) Intercepting() error {
 // stand behind is not a decision, though: until the kubernetes Service has
 // been read and holds the configured VIPs and port (serviceErr), the agent
 // is not ready, so that a wrong VIP stops a rollout at its first wave.
-func (ic *interceptor) Ready() error {
+func (ic *Interceptor) Ready() error {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	switch {
@@ -309,7 +318,7 @@ func (ic *interceptor) Ready() error {
 
 // syncLoopStuck says whether the run loop has not finished a sync for far
 // longer than its period allows. ic.mu must be held.
-func (ic *interceptor) syncLoopStuck() error {
+func (ic *Interceptor) syncLoopStuck() error {
 	if ic.lastSync.IsZero() || ic.stopping {
 		return nil
 	}
@@ -322,36 +331,36 @@ func (ic *interceptor) syncLoopStuck() error {
 // syncStuckAfter is how long without a finished sync means a stuck loop:
 // three periods, plus two minutes for the xtables lock waits and
 // self-checks a slow sync may make.
-func (ic *interceptor) syncStuckAfter() time.Duration {
+func (ic *Interceptor) syncStuckAfter() time.Duration {
 	return 3*ic.cfg.SyncPeriod + 2*time.Minute
 }
 
 // syncDone records a finished sync of the run loop: from the first one on,
 // the agent has decided whether to intercept.
-func (ic *interceptor) syncDone() {
+func (ic *Interceptor) syncDone() {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	ic.decided = true
 	ic.firstSyncOnce.Do(func() { close(ic.firstSync) })
 	ic.lastSync = ic.now()
-	ic.deps.ready.Set(1)
+	ic.deps.Ready.Set(1)
 }
 
-func (ic *interceptor) setNotIntercepting(err error) {
+func (ic *Interceptor) setNotIntercepting(err error) {
 	ic.mu.Lock()
 	defer ic.mu.Unlock()
 	ic.notIntercepting = err
 	if err == nil {
-		ic.deps.intercepting.Set(1)
+		ic.deps.Intercepting.Set(1)
 	} else {
-		ic.deps.intercepting.Set(0)
+		ic.deps.Intercepting.Set(0)
 	}
 }
 
 // syncOrStepAside runs one sync of the run loop. When the kernel state
 // cannot be made right, it fails open: a redirect the agent cannot vouch
 // for (say, to an address it could not restore) must not stay.
-func (ic *interceptor) syncOrStepAside(ctx context.Context) {
+func (ic *Interceptor) syncOrStepAside(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	if err := ic.syncAndReport(ctx); err != nil {
 		logger.Error(err, "Syncing redirect failed; handing the VIP back to kube-proxy until a sync succeeds")
@@ -371,7 +380,7 @@ func (ic *interceptor) syncOrStepAside(ctx context.Context) {
 // its outcome. It returns only errors of the kernel state (the caller fails
 // open); an unhealthy agent or a failed self-check is a not-ready agent, not
 // an error.
-func (ic *interceptor) syncAndReport(ctx context.Context) error {
+func (ic *Interceptor) syncAndReport(ctx context.Context) error {
 	logger := klog.FromContext(ctx)
 	ic.syncMu.Lock()
 	defer ic.syncMu.Unlock()
@@ -389,7 +398,7 @@ func (ic *interceptor) syncAndReport(ctx context.Context) error {
 	switch {
 	case notReady == nil && !wasReady:
 		logger.Info("Intercepting the kubernetes Service", "vips", ic.cfg.ServiceVIPs, "port", ic.cfg.ServicePort,
-			"listen", ic.cfg.ListenAddresses(), "link", ic.planes[0].addr.Link(), "upstream", ic.deps.upstream(),
+			"listen", ic.cfg.ListenAddresses(), "link", ic.planes[0].addr.Link(), "upstream", ic.deps.Upstream(),
 			"dataplane", ic.dataplane, "dataplaneReason", ic.dataplaneReason, "iptablesBackend", ic.backend,
 			"livenessTimeout", ic.cfg.LivenessTimeout)
 	case notReady != nil && wasReady:
@@ -425,7 +434,7 @@ func (ic *interceptor) syncAndReport(ctx context.Context) error {
 //     five minutes).
 //
 // err reports kernel state that could not be made right.
-func (ic *interceptor) sync(ctx context.Context) (notReady, err error) {
+func (ic *Interceptor) sync(ctx context.Context) (notReady, err error) {
 	logger := klog.FromContext(ctx)
 	start := ic.now()
 	repaired := false
@@ -433,11 +442,11 @@ func (ic *interceptor) sync(ctx context.Context) (notReady, err error) {
 		ic.metrics.syncDuration.Observe(ic.now().Sub(start).Seconds())
 		switch {
 		case err != nil:
-			ic.deps.ruleSyncs.WithLabelValues("error").Inc()
+			ic.deps.RuleSyncs.WithLabelValues("error").Inc()
 		case repaired:
-			ic.deps.ruleSyncs.WithLabelValues("repaired").Inc()
+			ic.deps.RuleSyncs.WithLabelValues("repaired").Inc()
 		default:
-			ic.deps.ruleSyncs.WithLabelValues("unchanged").Inc()
+			ic.deps.RuleSyncs.WithLabelValues("unchanged").Inc()
 		}
 	}()
 	added := make([]bool, len(ic.planes))
@@ -513,7 +522,7 @@ func (ic *interceptor) sync(ctx context.Context) (notReady, err error) {
 	}
 	for _, d := range up {
 		for _, vip := range d.vips {
-			if err := ic.selfCheck(ctx, vip, ic.cfg.probeTimeout()); err != nil {
+			if err := ic.selfCheck(ctx, vip, ic.cfg.ProbeTimeout()); err != nil {
 				ic.metrics.selfChecks.WithLabelValues("failed").Inc()
 				ic.clearEntriesLocked(logger)
 				for _, d := range ic.planes {
@@ -544,11 +553,11 @@ func (ic *interceptor) sync(ctx context.Context) (notReady, err error) {
 	return nil, nil
 }
 
-// removeStale removes liveness sets, redirects and the address left on the
+// RemoveStale removes liveness sets, redirects and the address left on the
 // node, by this process's failed start or by an earlier instance that
 // died: with no agent serving, the VIP must go straight to kube-apiserver.
 // It creates nothing, so on a clean node it changes nothing.
-func (ic *interceptor) removeStale() {
+func (ic *Interceptor) RemoveStale() {
 	logger := klog.Background()
 	ic.syncMu.Lock()
 	defer ic.syncMu.Unlock()
@@ -579,10 +588,10 @@ func (ic *interceptor) removeStale() {
 // that failed its self-check.
 const maxSelfCheckRetry = 5 * time.Minute
 
-// skipSource sends src to kube-proxy's path for BypassDuration: the skip
+// SkipSource sends src to kube-proxy's path for BypassDuration: the skip
 // set of its family takes it. steerable is false where no skip set exists
 // for that family (the pod-path check off).
-func (ic *interceptor) skipSource(src netip.Addr) (steerable bool, err error) {
+func (ic *Interceptor) SkipSource(src netip.Addr) (steerable bool, err error) {
 	for _, d := range ic.planes {
 		if d.skip != nil && d.family == netrules.FamilyOf(src) {
 			ic.planeMu.Lock()

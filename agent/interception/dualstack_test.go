@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -23,18 +23,18 @@ import (
 // these listeners' addresses, so the self-check's connections land on them
 // without NAT (the fake kernel does not carry packets).
 type dualStackTestAgent struct {
-	*Agent
+	*testAgent
 	vip4, vip6 netip.AddrPort
 	// srv6 serves the IPv6 listener; stop6 and start6 take it down and up.
 	srv6 *httptest.Server
 }
 
-func startTLS(t *testing.T, a *Agent, l net.Listener) *httptest.Server {
+func startTLS(t *testing.T, a *testAgent, l net.Listener) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(http.NotFoundHandler())
 	_ = srv.Listener.Close()
 	srv.Listener = l
-	srv.TLS = &tls.Config{GetCertificate: probingCert{certSource: a.cert, probes: a.probes}.GetCertificate}
+	srv.TLS = &tls.Config{GetCertificate: a.getCertificate}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	return srv
@@ -42,9 +42,7 @@ func startTLS(t *testing.T, a *Agent, l net.Listener) *httptest.Server {
 
 func newDualStackTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) *dualStackTestAgent {
 	t.Helper()
-	a := &Agent{probes: newProbes(), metrics: newMetrics(), now: time.Now}
-	cert := ep.srv.TLS.Certificates[0]
-	a.cert = probeTestCert{&cert}
+	a := newTestAgent(ep)
 	var l4, l6 net.Listener
 	for range 20 {
 		var err error
@@ -61,7 +59,7 @@ func newDualStackTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) *dualS
 	if l4 == nil {
 		t.Skip("no IPv6 loopback listener could share a port with the IPv4 one (IPv6 disabled?)")
 	}
-	s := &dualStackTestAgent{Agent: a}
+	s := &dualStackTestAgent{testAgent: a}
 	startTLS(t, a, l4)
 	s.srv6 = startTLS(t, a, l6)
 	s.vip4 = netip.MustParseAddrPort(l4.Addr().String())
@@ -73,7 +71,7 @@ func newDualStackTestAgent(t *testing.T, k *fakeKernel, ep *testEndpoint) *dualS
 	cfg.ServiceVIPs = []netip.Addr{s.vip4.Addr(), s.vip6.Addr()}
 	cfg.ServicePort = s.vip4.Port()
 	cfg.LivenessTimeout = 2 * time.Second
-	wireTestAgent(t, a, cfg, k, ep)
+	wireTestAgent(t, a, cfg, k)
 	return s
 }
 
@@ -87,7 +85,7 @@ func (s *dualStackTestAgent) start6(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.srv6 = startTLS(t, s.Agent, l)
+	s.srv6 = startTLS(t, s.testAgent, l)
 }
 
 // TestSyncDualStack drives the sync and liveness of a dual-stack agent
@@ -194,7 +192,7 @@ func TestSyncDualStack(t *testing.T) {
 
 	// When the agent goes away, then only kube-proxy's rules are left, in
 	// both tables, with no set and no address.
-	s.icpt.removeStale()
+	s.icpt.RemoveStale()
 	if diff := cmp.Diff(nat4, k.ipt.Save("nat")); diff != "" {
 		t.Errorf("iptables nat after removal (-before +after):\n%s", diff)
 	}
@@ -210,7 +208,7 @@ func TestSyncDualStack(t *testing.T) {
 }
 
 // syncLocked runs one sync as the run loop does, under syncMu.
-func (a *Agent) syncLocked(ctx context.Context) (error, error) {
+func (a *testAgent) syncLocked(ctx context.Context) (error, error) {
 	a.icpt.syncMu.Lock()
 	defer a.icpt.syncMu.Unlock()
 	notReady, err := a.icpt.sync(ctx)

@@ -1,7 +1,6 @@
-package agent
+package interception
 
 import (
-	"context"
 	"encoding/binary"
 	"net"
 	"net/netip"
@@ -236,7 +235,7 @@ func TestPodPathSpoofedKernel(t *testing.T) {
 // over the kernel's conntrack, kube-proxy's DNAT of the VIP to an
 // "apiserver" on the node, and the agent's listener. It returns the
 // agent, its dataplane and the VIP.
-func newPodPathKernelAgent(t *testing.T, n *kernelNode, mode string) (*Agent, *dataplane, netip.AddrPort) {
+func newPodPathKernelAgent(t *testing.T, n *kernelNode, mode string) (*testAgent, *dataplane, netip.AddrPort) {
 	t.Helper()
 	cfg := dataplaneConfig()
 	cfg.DetectLocalMode = mode
@@ -247,7 +246,6 @@ func newPodPathKernelAgent(t *testing.T, n *kernelNode, mode string) (*Agent, *d
 	// the dials after it on a loaded machine; its expiry is not what
 	// these tests check.
 	cfg.LivenessTimeout = time.Minute
-	mustDo(t, cfg.Validate())
 	k := Kernel{
 		IPTables:  func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(n.backend, f) },
 		Netlink:   n.h,
@@ -257,7 +255,7 @@ func newPodPathKernelAgent(t *testing.T, n *kernelNode, mode string) (*Agent, *d
 	planes, err := newDataplanes(cfg, DataplaneIPTables, k)
 	mustDo(t, err)
 	d := planes[0]
-	a := &Agent{cfg: cfg, icpt: &interceptor{cfg: cfg, planes: planes, now: time.Now, local: newLocalPods(),
+	a := &testAgent{cfg: cfg, icpt: &Interceptor{cfg: cfg, planes: planes, now: time.Now, local: newLocalPods(),
 		podPath: newPodPath(k.Conntrack, prometheus.NewRegistry())}}
 
 	ipt, err := k.IPTables(netrules.IPv4)
@@ -274,7 +272,7 @@ func newPodPathKernelAgent(t *testing.T, n *kernelNode, mode string) (*Agent, *d
 	for _, hook := range []string{"PREROUTING", "OUTPUT"} {
 		mustDo(t, ipt.Append("nat", hook, "-j", "KUBE-SERVICES"))
 	}
-	l, err = listen(context.Background(), d.listen.String())
+	l, err = listenFreebind(d.listen.String())
 	mustDo(t, err)
 	serveBanner(t, l, "agent")
 	_, err = d.addr.Sync()

@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 )
 
 // CleanupTarget names the state Cleanup looks for: the names an agent was
-// run with. Zero fields take the agent's defaults.
+// Run with. Zero fields take the agent's defaults.
 type CleanupTarget struct {
 	Chain             string
 	LivenessSet       string

@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -109,7 +109,7 @@ const (
 // podPath is the pod-path check's state.
 type podPath struct {
 	ct netrules.Conntrack
-	// nodeAddrs lists the node's own addresses (nodeAddresses; a fake in
+	// nodeAddrs lists the node's own addresses (netrules.NodeAddresses; a fake in
 	// tests).
 	nodeAddrs func() (map[netip.Addr]bool, error)
 
@@ -148,7 +148,7 @@ type strikes struct {
 func newPodPath(ct netrules.Conntrack, reg prometheus.Registerer) *podPath {
 	p := &podPath{
 		ct:        ct,
-		nodeAddrs: nodeAddresses,
+		nodeAddrs: netrules.NodeAddresses,
 		pending:   map[netip.AddrPort]bool{},
 		known:     map[netrules.Flow]bool{},
 		strikes:   map[netip.Addr]strikes{},
@@ -200,7 +200,7 @@ func (p *podPath) status(now time.Time) string {
 }
 
 // runPodPath scans every PodPathCheckInterval until ctx ends.
-func (ic *interceptor) runPodPath(ctx context.Context) {
+func (ic *Interceptor) runPodPath(ctx context.Context) {
 	t := time.NewTicker(ic.cfg.PodPathCheckInterval)
 	defer t.Stop()
 	for {
@@ -214,7 +214,7 @@ func (ic *interceptor) runPodPath(ctx context.Context) {
 }
 
 // scanPodPath runs one scan of every intercepted family.
-func (ic *interceptor) scanPodPath(logger klog.Logger) {
+func (ic *Interceptor) scanPodPath(logger klog.Logger) {
 	p := ic.podPath
 	defer p.scans.Inc()
 	ic.planeMu.Lock()
@@ -369,7 +369,7 @@ func addrSet(ips []netip.Addr, err error) map[netip.Addr]bool {
 // connection attempts already in the seen sets: a predecessor killed
 // meanwhile refused them, which is no filter's doing, so they are never
 // judged. Flows are known from the first scan on.
-func (ic *interceptor) baselinePodPath() {
+func (ic *Interceptor) baselinePodPath() {
 	p := ic.podPath
 	ignored := map[netip.AddrPort]bool{}
 	for _, d := range ic.planes {
@@ -414,7 +414,7 @@ func (p *podPath) isNew(f netrules.Flow) bool {
 // them: its unanswered flows are deleted, so that their next SYN is NATed
 // and recorded afresh, and once blockedAttempts of its attempts went
 // unanswered within strikeTTL it goes to kube-proxy's path.
-func (ic *interceptor) judgeUnanswered(logger klog.Logger, d *dataplane, unanswered map[netip.Addr][]netrules.Flow, now time.Time) {
+func (ic *Interceptor) judgeUnanswered(logger klog.Logger, d *dataplane, unanswered map[netip.Addr][]netrules.Flow, now time.Time) {
 	p := ic.podPath
 	family := familyName(d.family)
 	nodeAddrs, err := p.nodeAddrs()
@@ -486,7 +486,7 @@ func (p *podPath) strike(src netip.Addr, n int, now time.Time) int {
 // skipBlocked sends src, blockedAttempts of whose redirected connection
 // attempts went unanswered, to kube-proxy's path for BypassDuration. Its
 // count starts again once it has been sent.
-func (ic *interceptor) skipBlocked(logger klog.Logger, d *dataplane, src netip.Addr, now time.Time) {
+func (ic *Interceptor) skipBlocked(logger klog.Logger, d *dataplane, src netip.Addr, now time.Time) {
 	p := ic.podPath
 	ic.planeMu.Lock()
 	err := d.skip.Refresh([]netip.Addr{src})

@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"net/netip"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -32,7 +33,7 @@ func TestCleanupKernel(t *testing.T) {
 		}
 		cfg := dataplaneConfig()
 		cfg.DetectLocalMode = DetectLocalPodIPs
-		cfg.PodPathCheckInterval, cfg.BypassDuration = DefaultPodPathCheckInterval, DefaultBypassDuration
+		cfg.PodPathCheckInterval, cfg.BypassDuration = 250*time.Millisecond, 10*time.Minute
 		var backends []CleanupBackend
 		for _, b := range []netrules.Backend{netrules.BackendNFT, netrules.BackendLegacy} {
 			backends = append(backends, CleanupBackend{Name: string(b), Open: func(f netrules.Family) (netrules.IPTables, error) {

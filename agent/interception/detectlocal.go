@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -14,11 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
-	apicache "github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
@@ -53,8 +51,8 @@ const (
 var DetectLocalModes = []string{DetectLocalPodIPs, DetectLocalClusterCIDR, DetectLocalNodeCIDR,
 	DetectLocalBridgeInterface, DetectLocalInterfaceNamePrefix, DetectLocalNone}
 
-// validateDetectLocal checks the detect-local settings.
-func (c *Config) validateDetectLocal() error {
+// ValidateDetectLocal checks the detect-local settings.
+func (c *Config) ValidateDetectLocal() error {
 	switch c.DetectLocalMode {
 	case DetectLocalPodIPs, DetectLocalNodeCIDR, DetectLocalNone:
 	case DetectLocalClusterCIDR:
@@ -155,7 +153,7 @@ func (m localMatch) nft(podsSet string) netrules.NFTRule {
 // localMatch returns the match the prerouting entry carries for family f
 // so that only this node's own pod traffic takes it, or an error saying
 // why it cannot be built yet (a Node without podCIDRs in NodeCIDR mode).
-func (ic *interceptor) localMatch(f netrules.Family) (localMatch, error) {
+func (ic *Interceptor) localMatch(f netrules.Family) (localMatch, error) {
 	c := ic.cfg
 	switch c.DetectLocalMode {
 	case DetectLocalPodIPs:
@@ -243,32 +241,17 @@ func (l *localPods) set(key string, ips []netip.Addr) bool {
 	return true
 }
 
-// localClientConfig is the configuration of the agent's own watches of
-// this node's pods and Node: as the node with CacheAsNode (the agent's
-// RBAC then needs neither), else as the agent.
-func (ic *interceptor) localClientConfig() *rest.Config {
-	cfg := ic.deps.restConfig()
-	if ic.cfg.CacheAsNode {
-		cfg.Impersonate = rest.ImpersonationConfig{UserName: apicache.NodeUsername(ic.cfg.NodeName)}
-	}
-	// Its own user agent: its watch of this node's pods is the same
-	// request as the cache's, and kube-apiserver's audit log tells them
-	// apart by it.
-	cfg.UserAgent += " detect-local"
-	return cfg
-}
-
 // followsLocal reports whether runDetectLocal has anything to follow: the
 // Node's podCIDRs in NodeCIDR mode, this node's pods in PodIPs mode and
 // for the pod-path check, which sends only those pods to kube-proxy's path
 // (podpath.go), in every mode.
-func (ic *interceptor) followsLocal() bool {
+func (ic *Interceptor) followsLocal() bool {
 	return ic.cfg.DetectLocalMode == DetectLocalNodeCIDR || ic.followsLocalPods()
 }
 
 // followsLocalPods reports whether runDetectLocal watches this node's
 // pods.
-func (ic *interceptor) followsLocalPods() bool {
+func (ic *Interceptor) followsLocalPods() bool {
 	return ic.cfg.DetectLocalMode == DetectLocalPodIPs || ic.podPath != nil
 }
 
@@ -277,9 +260,9 @@ func (ic *interceptor) followsLocalPods() bool {
 // Node, read until it names its podCIDRs. Each change the kernel holds
 // (the pods set of PodIPs mode, the podCIDRs) asks for a sync, which puts
 // it there.
-func (ic *interceptor) runDetectLocal(ctx context.Context) {
+func (ic *Interceptor) runDetectLocal(ctx context.Context) {
 	logger := klog.FromContext(ctx)
-	client, err := kubernetes.NewForConfig(ic.localClientConfig())
+	client, err := kubernetes.NewForConfig(ic.deps.LocalRESTConfig())
 	if err != nil {
 		logger.Error(err, "Cannot follow this node's pods for detect-local")
 		return
@@ -296,7 +279,7 @@ func (ic *interceptor) runDetectLocal(ctx context.Context) {
 
 // readNodeCIDRs reads the Node until it has podCIDRs (they never change
 // once set) or ctx ends.
-func (ic *interceptor) readNodeCIDRs(ctx context.Context, client kubernetes.Interface) {
+func (ic *Interceptor) readNodeCIDRs(ctx context.Context, client kubernetes.Interface) {
 	for {
 		node, err := client.CoreV1().Nodes().Get(ctx, ic.cfg.NodeName, metav1.GetOptions{})
 		var cidrs []netip.Prefix
@@ -316,7 +299,7 @@ func (ic *interceptor) readNodeCIDRs(ctx context.Context, client kubernetes.Inte
 		ic.local.cidrs, ic.local.cidrErr = cidrs, err
 		ic.local.mu.Unlock()
 		if err == nil {
-			ic.requestSync()
+			ic.RequestSync()
 			return
 		}
 		select {
@@ -333,10 +316,10 @@ func (ic *interceptor) readNodeCIDRs(ctx context.Context, client kubernetes.Inte
 // intercepted, and their IPs are the node's. Only in PodIPs mode does a
 // change ask for a sync: in the other modes the kernel holds no pods set,
 // and the pod-path check reads the IPs as it scans.
-func (ic *interceptor) watchLocalPods(ctx context.Context, client kubernetes.Interface) {
+func (ic *Interceptor) watchLocalPods(ctx context.Context, client kubernetes.Interface) {
 	requestSync := func() {
 		if ic.cfg.DetectLocalMode == DetectLocalPodIPs {
-			ic.requestSync()
+			ic.RequestSync()
 		}
 	}
 	lw := cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", metav1.NamespaceAll, func(o *metav1.ListOptions) {

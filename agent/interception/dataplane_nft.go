@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"github.com/kube-apicache/kube-apicache/netrules"

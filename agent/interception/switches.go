@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -28,6 +28,18 @@ type stepAside struct{ reason string }
 
 func (s stepAside) Error() string { return s.reason }
 
+// StepAside returns an error that, returned by Deps.Health, makes the
+// agent leave the Service to kube-proxy on purpose: not a failure to
+// alert on.
+func StepAside(reason string) error { return stepAside{reason} }
+
+// IsStepAside reports whether err leaves the Service to kube-proxy on
+// purpose (StepAside).
+func IsStepAside(err error) bool {
+	_, ok := errors.AsType[stepAside](err)
+	return ok
+}
+
 // notInterceptingBecause words a health error as the reason the agent does
 // not intercept.
 func notInterceptingBecause(err error) error {
@@ -42,7 +54,7 @@ func notInterceptingBecause(err error) error {
 // and stays ready, but hands the Service VIP to kube-proxy at once (the
 // next liveness tick, well within a second) and does not take it back
 // until it is turned on. reason is logged and reported on /intercepting.
-func (ic *interceptor) SetInterception(enabled bool, reason string) {
+func (ic *Interceptor) SetInterception(enabled bool, reason string) {
 	var next *string
 	if !enabled {
 		next = &reason
@@ -57,7 +69,7 @@ func (ic *interceptor) SetInterception(enabled bool, reason string) {
 	} else {
 		logger.Info("Interception turned off; the kubernetes Service goes to kube-proxy's path", "reason", reason)
 	}
-	ic.requestSync()
+	ic.RequestSync()
 }
 
 // InterceptionConfigMapKey is the key of InterceptionConfigMap that holds
@@ -71,7 +83,7 @@ const InterceptionConfigMapKey = "config.yaml"
 // an edit reaches every agent within about a second. A ConfigMap that is
 // missing, deleted or does not hold a valid configuration changes nothing,
 // so a typo cannot turn interception on or off.
-func (ic *interceptor) watchInterceptionConfigMap(ctx context.Context) {
+func (ic *Interceptor) watchInterceptionConfigMap(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	ns, name, _ := strings.Cut(ic.cfg.InterceptionConfigMap, "/")
 	var lastErr string
@@ -116,10 +128,10 @@ type objectHandlers struct {
 // client until ctx ends (one watch, by name, served from kube-apiserver's
 // watch cache), and tells h of it. informer picks the object's informer
 // from the factory; what names it in the log.
-func (ic *interceptor) watchObject(ctx context.Context, namespace, name, what string,
+func (ic *Interceptor) watchObject(ctx context.Context, namespace, name, what string,
 	informer func(informers.SharedInformerFactory) cache.SharedIndexInformer, h objectHandlers) {
 	logger := klog.FromContext(ctx)
-	client, err := kubernetes.NewForConfig(ic.deps.restConfig())
+	client, err := kubernetes.NewForConfig(ic.deps.RESTConfig())
 	if err != nil {
 		logger.Error(err, "Cannot watch "+what)
 		if h.failed != nil {
@@ -162,7 +174,7 @@ func (ic *interceptor) watchObject(ctx context.Context, namespace, name, what st
 
 // switchCollector exports the kill switch and the Service check as gauges,
 // read at scrape time.
-func (ic *interceptor) switchCollector() prometheus.Collector {
+func (ic *Interceptor) switchCollector() prometheus.Collector {
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_apicache_interception_disabled",
 		Help: "1 while interception is turned off on purpose (the kill switch), else 0.",
@@ -175,7 +187,7 @@ func (ic *interceptor) switchCollector() prometheus.Collector {
 }
 
 // serviceMismatchCollector is kube_apicache_service_mismatch.
-func (ic *interceptor) serviceMismatchCollector() prometheus.Collector {
+func (ic *Interceptor) serviceMismatchCollector() prometheus.Collector {
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kube_apicache_service_mismatch",
 		Help: "1 while the configured Service VIPs or port are not the kubernetes Service's (the agent is then not ready and does not intercept), else 0.",
@@ -190,7 +202,7 @@ func (ic *interceptor) serviceMismatchCollector() prometheus.Collector {
 // switchedOff returns why the agent must stand aside whatever its health:
 // the kill switch, or Service VIPs that are not known to be the kubernetes
 // Service's.
-func (ic *interceptor) switchedOff() error {
+func (ic *Interceptor) switchedOff() error {
 	if r := ic.disabled.Load(); r != nil {
 		return stepAside{"interception turned off (" + *r + ")"}
 	}
@@ -217,10 +229,10 @@ type serviceCheck struct {
 // configured VIPs and port are among its own, else why not. Either way
 // the agent does not intercept (a wrong VIP might be another Service's
 // address) and is not ready: a wrong or unverifiable configuration must
-// stop a rollout rather than leave every node "ready" and intercepting
+// Stop a rollout rather than leave every node "ready" and intercepting
 // nothing. Once read, the Service is checked against its last known state
 // (the informer's): a watch that fails later changes nothing.
-func (ic *interceptor) serviceErr() error {
+func (ic *Interceptor) serviceErr() error {
 	s := ic.service.Load()
 	switch {
 	case s != nil && s.read && s.mismatch == "":
@@ -252,7 +264,7 @@ func joinAddrs(addrs []netip.Addr) string {
 // the agent does not intercept; while it cannot be read (RBAC, an
 // apiserver that fails the list), the reason is reported and the informer
 // retries with backoff.
-func (ic *interceptor) watchService(ctx context.Context) {
+func (ic *Interceptor) watchService(ctx context.Context) {
 	logger := klog.FromContext(ctx)
 	ic.watchObject(ctx, kubernetesNamespace, kubernetesService, "the kubernetes Service; the Service VIPs are not verified",
 		func(f informers.SharedInformerFactory) cache.SharedIndexInformer {
@@ -277,7 +289,7 @@ func (ic *interceptor) watchService(ctx context.Context) {
 
 // checkService compares the configuration with svc and records the
 // outcome; a change is logged and a sync requested.
-func (ic *interceptor) checkService(logger klog.Logger, svc *corev1.Service) {
+func (ic *Interceptor) checkService(logger klog.Logger, svc *corev1.Service) {
 	msg := serviceMismatch(ic.cfg.ServiceVIPs, ic.cfg.ServicePort, svc)
 	prev := ic.service.Swap(&serviceCheck{read: true, mismatch: msg})
 	switch {
@@ -288,12 +300,12 @@ func (ic *interceptor) checkService(logger klog.Logger, svc *corev1.Service) {
 	default:
 		logger.Error(nil, "Not intercepting and not ready: the configuration does not match the kubernetes Service", "reason", msg)
 	}
-	ic.requestSync()
+	ic.RequestSync()
 }
 
 // serviceNotRead records why the kubernetes Service could not be read, as
 // long as it never has been; a change is logged and a sync requested.
-func (ic *interceptor) serviceNotRead(logger klog.Logger, why string) {
+func (ic *Interceptor) serviceNotRead(logger klog.Logger, why string) {
 	for {
 		prev := ic.service.Load()
 		if prev != nil && (prev.read || prev.unread == why) {
@@ -305,7 +317,7 @@ func (ic *interceptor) serviceNotRead(logger klog.Logger, why string) {
 	}
 	logger.Error(nil, "Not intercepting and not ready: the configured Service VIPs cannot be checked against the kubernetes Service",
 		"service", kubernetesNamespace+"/"+kubernetesService, "reason", why)
-	ic.requestSync()
+	ic.RequestSync()
 }
 
 // serviceMismatch describes how vips and port differ from the kubernetes

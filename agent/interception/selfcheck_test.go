@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -12,15 +12,6 @@ import (
 	"time"
 )
 
-// probeTestCert is a certSource serving one certificate.
-type probeTestCert struct{ cert *tls.Certificate }
-
-func (s probeTestCert) GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	return s.cert, nil
-}
-func (s probeTestCert) Ready() error        { return nil }
-func (s probeTestCert) Run(context.Context) {}
-
 // TestSelfCheck: the probe passes only when its handshake reaches the
 // agent's own listener. Where something else answers the VIP (as when a
 // socket-level load balancer sends the connection straight to
@@ -30,10 +21,12 @@ func TestSelfCheck(t *testing.T) {
 	defer other.Close()
 	cert := other.TLS.Certificates[0]
 
-	a := &Agent{cfg: &Config{}, probes: newProbes()}
-	a.icpt = &interceptor{cfg: a.cfg, deps: interceptorDeps{expectProbe: a.probes.expect}}
+	ic := &Interceptor{cfg: &Config{}, probes: NewProbes()}
 	own := httptest.NewUnstartedServer(http.NotFoundHandler())
-	own.TLS = &tls.Config{GetCertificate: probingCert{certSource: probeTestCert{&cert}, probes: a.probes}.GetCertificate}
+	own.TLS = &tls.Config{GetCertificate: func(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+		ic.probes.Observe(hello.ServerName)
+		return &cert, nil
+	}}
 	own.StartTLS()
 	defer own.Close()
 
@@ -48,8 +41,8 @@ func TestSelfCheck(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ap := netip.MustParseAddrPort(tc.target)
-			a.cfg.ServicePort = ap.Port()
-			err := a.icpt.selfCheck(context.Background(), ap.Addr(), 2*time.Second)
+			ic.cfg.ServicePort = ap.Port()
+			err := ic.selfCheck(context.Background(), ap.Addr(), 2*time.Second)
 			switch {
 			case tc.wantErr == "" && err != nil:
 				t.Errorf("selfCheck = %v, want success", err)
@@ -59,9 +52,9 @@ func TestSelfCheck(t *testing.T) {
 		})
 	}
 	// An ordinary client's handshake is not taken for a probe.
-	a.probes.observe("kubernetes.default.svc")
-	if len(a.probes.seen) != 0 {
-		t.Errorf("probes left registered: %v", a.probes.seen)
+	ic.probes.Observe("kubernetes.default.svc")
+	if len(ic.probes.seen) != 0 {
+		t.Errorf("probes left registered: %v", ic.probes.seen)
 	}
 }
 

@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 func TestKillSwitch(t *testing.T) {
 	_, _, a := newLivenessTestAgent(t)
 	ctx := context.Background()
-	defer a.icpt.removeStale()
+	defer a.icpt.RemoveStale()
 	a.icpt.syncOrStepAside(ctx)
 	if err := a.Intercepting(); err != nil {
 		t.Fatalf("Intercepting() before the switch = %v", err)
@@ -77,7 +77,7 @@ func TestServiceMismatch(t *testing.T) {
 
 	_, _, a := newLivenessTestAgent(t)
 	ctx := context.Background()
-	defer a.icpt.removeStale()
+	defer a.icpt.RemoveStale()
 	a.cfg.ServiceVIPs, a.cfg.ServicePort = []netip.Addr{ip("10.96.0.10")}, 443
 	a.icpt.checkService(klog.Background(), svc)
 	a.icpt.syncOrStepAside(ctx)
@@ -176,7 +176,7 @@ func TestServiceCheck(t *testing.T) {
 			a, _, _ := newServiceCheckAgent(t, tc.answer, tc.wrongVIP)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			defer a.icpt.removeStale()
+			defer a.icpt.RemoveStale()
 			if tc.answer != "" {
 				done := make(chan struct{})
 				go func() { defer close(done); a.icpt.watchService(ctx) }()
@@ -198,7 +198,7 @@ func TestServiceCheck(t *testing.T) {
 	t.Run("forbidden, then allowed", func(t *testing.T) {
 		a, _, answer := newServiceCheckAgent(t, "forbidden", false)
 		ctx, cancel := context.WithCancel(context.Background())
-		defer a.icpt.removeStale()
+		defer a.icpt.RemoveStale()
 		done := make(chan struct{})
 		go func() { defer close(done); a.icpt.watchService(ctx) }()
 		defer func() { cancel(); <-done }()
@@ -224,7 +224,7 @@ func TestServiceCheck(t *testing.T) {
 // kubernetes Service, whose upstream serves that Service as answer says
 // (kubernetesServiceAPI), and the Service: the configured VIP and port,
 // or another VIP with wrongVIP.
-func newServiceCheckAgent(t *testing.T, answer string, wrongVIP bool) (*Agent, *corev1.Service, *atomic.Value) {
+func newServiceCheckAgent(t *testing.T, answer string, wrongVIP bool) (*testAgent, *corev1.Service, *atomic.Value) {
 	t.Helper()
 	var ans atomic.Value
 	ans.Store(answer)
@@ -233,7 +233,6 @@ func newServiceCheckAgent(t *testing.T, answer string, wrongVIP bool) (*Agent, *
 	ep := newTestEndpoint(t, kubernetesServiceAPI(t, &ans, svc))
 	a, vip := newSyncTestAgent(t, k, ep)
 	a.cfg.LivenessTimeout = time.Second
-	a.cfg.TokenFile = ""
 	a.icpt.service.Store(nil)
 	ip := vip.Addr().String()
 	if wrongVIP {
@@ -251,7 +250,7 @@ func newServiceCheckAgent(t *testing.T, answer string, wrongVIP bool) (*Agent, *
 // waitForService waits up to 10 seconds (the informer retries a failed
 // list after about a second) for the agent's Service check to satisfy
 // cond.
-func waitForService(t *testing.T, a *Agent, cond func(*serviceCheck) bool) {
+func waitForService(t *testing.T, a *testAgent, cond func(*serviceCheck) bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond(a.icpt.service.Load()) {
@@ -266,7 +265,7 @@ func waitForService(t *testing.T, a *Agent, cond func(*serviceCheck) bool) {
 // "", and otherwise that it neither intercepts (no family active, no
 // "unhealthy": it stood aside on purpose) nor is ready, with want in both
 // reasons.
-func checkReasons(t *testing.T, a *Agent, want string) {
+func checkReasons(t *testing.T, a *testAgent, want string) {
 	t.Helper()
 	icpt, ready := a.Intercepting(), a.Ready()
 	if want == "" {

@@ -1,4 +1,4 @@
-package agent
+package interception
 
 import (
 	"bufio"
@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -171,7 +172,6 @@ func TestDualStackKernel(t *testing.T) {
 		// expire between one refresh and the dials after it on a loaded
 		// machine, and take a family to kube-proxy's path.
 		cfg.LivenessTimeout = time.Minute
-		mustDo(t, cfg.Validate())
 		k := Kernel{
 			IPTables: func(f netrules.Family) (netrules.IPTables, error) { return netrules.OpenIPTables(n.backend, f) },
 			Backend:  string(n.backend),
@@ -211,7 +211,7 @@ func TestDualStackKernel(t *testing.T) {
 			for _, hook := range []string{"PREROUTING", "OUTPUT"} {
 				mustDo(t, ipt.Append("nat", hook, "-j", "KUBE-SERVICES"))
 			}
-			l, err = listen(context.Background(), d.listen.String())
+			l, err = listenFreebind(d.listen.String())
 			mustDo(t, err)
 			serveBanner(t, l, "agent "+familyName(d.family))
 		}
@@ -295,4 +295,19 @@ func TestDualStackKernel(t *testing.T) {
 			}
 		}
 	})
+}
+
+// listenFreebind listens on addr before the address exists on the node,
+// as the agent's listener does (IP_FREEBIND).
+func listenFreebind(addr string) (net.Listener, error) {
+	lc := net.ListenConfig{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		if err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_FREEBIND, 1)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	return lc.Listen(context.Background(), "tcp", addr)
 }
