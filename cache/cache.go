@@ -389,7 +389,7 @@ func (c *Cache) awaitProbe(ctx context.Context, p *plan, src string) string {
 		c.metrics.probeWait(res.label, "probe-failed", c.now().Sub(start))
 		return reasonProbeFailed
 	}
-	if !res.store.awaitCurrent(ctx, result) {
+	if !awaitCurrent(ctx, res.store, result) {
 		c.metrics.probeWait(res.label, "behind", c.now().Sub(start))
 		if res.stopped.Load() {
 			return reasonNotSynced
@@ -500,6 +500,36 @@ func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
 	}
 	bw := bufio.NewWriterSize(w, 32<<10)
 	if err := body.writeTo(bw); err == nil {
+		_ = bw.Flush()
+	}
+}
+
+// serveMetadata answers a metadata-only get or list.
+func (c *Cache) serveMetadata(w http.ResponseWriter, r *http.Request, p *plan) {
+	res := p.res
+	var b *body
+	var err error
+	if p.verb == "get" {
+		o, _, ok := res.store.Get(p.namespace, p.name)
+		if !ok {
+			writeStatus(w, r, apierrors.NewNotFound(res.gvr.GroupResource(), p.name))
+			return
+		}
+		if b, err = res.encoder.metadataObject(p.media, o); err == nil && p.media == mediaJSON {
+			b.add(newline)
+		}
+	} else {
+		objs, rv := p.snapshot()
+		b, err = res.encoder.metadataList(p.media, objs, rv)
+	}
+	if err != nil {
+		c.encodingFailed(w, r, res, err)
+		return
+	}
+	w.Header().Set("Content-Type", p.media.contentType())
+	w.Header().Set("Cache-Control", "no-cache, private")
+	bw := bufio.NewWriterSize(w, 32<<10)
+	if err := b.writeTo(bw); err == nil {
 		_ = bw.Flush()
 	}
 }

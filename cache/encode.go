@@ -122,6 +122,18 @@ func (b *body) writeTo(w io.Writer) error {
 	return nil
 }
 
+// bytes returns the body as one slice.
+func (b *body) bytes() []byte {
+	if len(b.parts) == 1 {
+		return b.parts[0]
+	}
+	out := make([]byte, 0, b.size())
+	for _, p := range b.parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
 var newline = []byte("\n")
 
 // object returns the body of a get of o.

@@ -34,9 +34,30 @@ func referenceEncode(t *testing.T, m mediaType, gv schema.GroupVersion, obj runt
 	return buf.Bytes()
 }
 
-func objectsOf(t *testing.T, r *informer, items ...runtime.Object) []*Object {
+// testKind is a resource's kind as its Store and encoder see it.
+type testKind struct {
+	gvk        schema.GroupVersionKind
+	namespaced bool
+	fields     fieldLabels
+	encoder    *encoder
+}
+
+func typedResource(gvr schema.GroupVersionResource, kind string, namespaced bool) *testKind {
+	gvk := gvr.GroupVersion().WithKind(kind)
+	return &testKind{gvk: gvk, namespaced: namespaced, fields: fieldLabelsFor(gvr.GroupResource(), true, namespaced),
+		encoder: newEncoder(gvk, true)}
+}
+
+// objectsOf returns items as a Store of k keeps them, with apiVersion and
+// kind set on typed objects, as an informer's Store does.
+func objectsOf(t *testing.T, k *testKind, items ...runtime.Object) []*Object {
 	t.Helper()
-	st := NewStore(attrsFor(r.fields, r.namespaced), r.prepare, nil)
+	st := NewStore(attrsFor(k.fields, k.namespaced), func(obj runtime.Object) runtime.Object {
+		if _, ok := obj.(*unstructured.Unstructured); !ok {
+			obj.GetObjectKind().SetGroupVersionKind(k.gvk)
+		}
+		return obj
+	}, nil)
 	var out []*Object
 	for _, it := range items {
 		o, _, err := st.newObject(it.DeepCopyObject())
@@ -46,14 +67,6 @@ func objectsOf(t *testing.T, r *informer, items ...runtime.Object) []*Object {
 		out = append(out, o)
 	}
 	return out
-}
-
-func typedResource(gvr schema.GroupVersionResource, kind string, namespaced bool) *informer {
-	r := newInformer(newResource(ResourceSpec{Group: gvr.Group, Resource: gvr.Resource}, "node-a"))
-	r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind(kind), namespaced, true
-	r.fields = fieldLabelsFor(gvr.GroupResource(), true, namespaced)
-	r.encoder = newEncoder(r.gvk, true)
-	return r
 }
 
 func body2bytes(t *testing.T, f func() (*body, error)) []byte {
@@ -82,7 +95,7 @@ func TestEncodingMatchesKubeAPIServer(t *testing.T) {
 	}
 	cases := []struct {
 		name  string
-		res   *informer
+		res   *testKind
 		items []runtime.Object
 		list  runtime.Object
 	}{
@@ -141,10 +154,9 @@ func TestEncodingMatchesKubeAPIServer(t *testing.T) {
 // kind on every item, as kube-apiserver lists them.
 func TestEncodingCustomResource(t *testing.T) {
 	gvr := schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}
-	r := newInformer(newResource(ResourceSpec{Group: gvr.Group, Resource: gvr.Resource}, "node-a"))
-	r.gvr, r.gvk, r.namespaced = gvr, gvr.GroupVersion().WithKind("Widget"), true
-	r.fields = fieldLabelsFor(gvr.GroupResource(), false, true)
-	r.encoder = newEncoder(r.gvk, false)
+	gvk := gvr.GroupVersion().WithKind("Widget")
+	r := &testKind{gvk: gvk, namespaced: true, fields: fieldLabelsFor(gvr.GroupResource(), false, true),
+		encoder: newEncoder(gvk, false)}
 	w := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "example.com/v1", "kind": "Widget",
 		"metadata": map[string]any{"name": "w", "namespace": "ns", "resourceVersion": "5"},

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -209,7 +210,7 @@ func TestHandlerCoverage(t *testing.T) {
 			if got.code != http.StatusOK {
 				t.Fatalf("code %d %s", got.code, got.body)
 			}
-			if names := itemNames(t, got.body); !equal(names, c.wantNames) {
+			if names := itemNames(t, got.body); !slices.Equal(names, c.wantNames) {
 				t.Errorf("items %v, want %v", names, c.wantNames)
 			}
 		})
@@ -368,10 +369,11 @@ func TestObserveWriteKeepsBody(t *testing.T) {
 
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s1", Namespace: "ns", ResourceVersion: "44"}}
 	svc.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Service"))
-	o, _, err := tc.services.store.newObject(svc)
-	if err != nil {
+	st := NewStore(nil, nil, nil)
+	if err := st.Add(svc); err != nil {
 		t.Fatal(err)
 	}
+	o, _, _ := st.Get("ns", "s1")
 	b, err := tc.services.encoder.object(mediaProtobuf, o)
 	if err != nil {
 		t.Fatal(err)

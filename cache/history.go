@@ -5,7 +5,6 @@ import (
 	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
@@ -64,6 +63,19 @@ type event struct {
 	prevAtRV *Object
 	prevErr  error
 }
+
+// Type is the event's type: ADDED, MODIFIED or DELETED.
+func (e *event) Type() watch.EventType { return e.typ }
+
+// Object is the object after the change; for a deletion, the deleted
+// object as the upstream watch sent it.
+func (e *event) Object() *Object { return e.obj }
+
+// Prev is the object before the change; nil if the Store did not hold it.
+func (e *event) Prev() *Object { return e.prev }
+
+// ResourceVersion is the RV of the change.
+func (e *event) ResourceVersion() uint64 { return e.rv }
 
 // history is a Store's event window. The Store's mu protects it.
 type history struct {
@@ -191,12 +203,6 @@ func (h *history) oldest() (time.Time, bool) {
 	return h.ring[h.start].at, true
 }
 
-// tooOld is kube-apiserver's answer to a watch from an RV its window has
-// moved past.
-func tooOld(rv, floor uint64) error {
-	return apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", rv, floor))
-}
-
 // cursor is a watch's place in its Store's history.
 type cursor struct {
 	seq   uint64
@@ -219,17 +225,17 @@ const (
 	cursorClosed
 )
 
-// WatchFrom returns a cursor at the first event after rv, or 410 Gone if
-// the window no longer holds every event after rv. The Store must be
-// synced.
-func (s *Store) watchFrom(rv uint64) (cursor, error) {
+// watchFrom returns a cursor at the first event after rv, or ok false
+// and the window's floor if the window no longer holds every event after
+// rv (kube-apiserver's 410 Gone: tooOld). The Store must be synced.
+func (s *Store) watchFrom(rv uint64) (c cursor, floor uint64, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	seq, ok := s.hist.position(rv)
 	if !ok {
-		return cursor{}, tooOld(rv, s.hist.floor)
+		return cursor{}, s.hist.floor, false
 	}
-	return cursor{seq: seq, epoch: s.hist.epoch}, nil
+	return cursor{seq: seq, epoch: s.hist.epoch}, s.hist.floor, true
 }
 
 // snapshotForWatch returns every object in key order, the RV they are

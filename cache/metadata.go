@@ -1,11 +1,8 @@
 package cache
 
 import (
-	"bufio"
-	"net/http"
 	"strconv"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -93,34 +90,4 @@ func (e *encoder) metadataList(m mediaType, objs []*Object, rv uint64) (*body, e
 		rest, err = e.metadataJSON(o)
 		return nil, rest, err
 	})
-}
-
-// serveMetadata answers a metadata-only get or list.
-func (c *Cache) serveMetadata(w http.ResponseWriter, r *http.Request, p *plan) {
-	res := p.res
-	var b *body
-	var err error
-	if p.verb == "get" {
-		o, _, ok := res.store.Get(p.namespace, p.name)
-		if !ok {
-			writeStatus(w, r, apierrors.NewNotFound(res.gvr.GroupResource(), p.name))
-			return
-		}
-		if b, err = res.encoder.metadataObject(p.media, o); err == nil && p.media == mediaJSON {
-			b.add(newline)
-		}
-	} else {
-		objs, rv := p.snapshot()
-		b, err = res.encoder.metadataList(p.media, objs, rv)
-	}
-	if err != nil {
-		c.encodingFailed(w, r, res, err)
-		return
-	}
-	w.Header().Set("Content-Type", p.media.contentType())
-	w.Header().Set("Cache-Control", "no-cache, private")
-	bw := bufio.NewWriterSize(w, 32<<10)
-	if err := b.writeTo(bw); err == nil {
-		_ = bw.Flush()
-	}
 }

@@ -166,7 +166,7 @@ func (r *informer) metadataProbe(cfg *rest.Config) (func(context.Context) probeR
 // awaitCurrent waits, at most until ctx ends, until the Store holds at
 // least the state of res: its RV has reached res.rv or its content is the
 // probed state. It reports whether it does.
-func (s *Store) awaitCurrent(ctx context.Context, res probeResult) bool {
+func awaitCurrent(ctx context.Context, s *Store, res probeResult) bool {
 	for {
 		changed, closed := s.Changed()
 		if s.Matches(res.rv, res.versions) {

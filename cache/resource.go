@@ -3,6 +3,7 @@ package cache
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -354,8 +355,55 @@ func (r *informer) run(ctx context.Context, cfg *rest.Config, dc discovery.Disco
 	logger.V(2).Info("Caching resource", "gvr", r.gvr, "scope", r.scope.String(), "as", cfg.Impersonate.UserName)
 	source := explainRefusals(toolscache.ToListerWatcherWithContext(lw), cfg, logger)
 	refl := toolscache.NewReflectorWithOptions(&healthListerWatcher{lw: source, r: r},
-		expected, r.store, toolscache.ReflectorOptions{Name: "cache/" + r.label, TypeDescription: r.gvk.String()})
+		expected, reflectorStore{r.store}, toolscache.ReflectorOptions{Name: "cache/" + r.label, TypeDescription: r.gvk.String()})
 	refl.RunWithContext(ctx)
+}
+
+// reflectorStore is a Store as client-go's Reflector fills it. The Store
+// takes runtime.Objects; the tombstones client-go may hand a store (a
+// DeletedFinalStateUnknown) are unwrapped here, so that the Store needs
+// nothing of client-go's tools.
+type reflectorStore struct{ *Store }
+
+var (
+	_ toolscache.ReflectorStore         = reflectorStore{}
+	_ toolscache.ResourceVersionUpdater = reflectorStore{}
+)
+
+// untomb returns the object of a tombstone, or item as it is.
+func untomb(item any) any {
+	if d, ok := item.(toolscache.DeletedFinalStateUnknown); ok {
+		if obj, ok := d.Obj.(runtime.Object); ok {
+			return obj
+		}
+	}
+	return item
+}
+
+// Add implements cache.ReflectorStore.
+func (s reflectorStore) Add(obj any) error { return s.Store.Add(untomb(obj)) }
+
+// Update implements cache.ReflectorStore.
+func (s reflectorStore) Update(obj any) error { return s.Store.Update(untomb(obj)) }
+
+// Delete implements cache.ReflectorStore.
+func (s reflectorStore) Delete(obj any) error { return s.Store.Delete(untomb(obj)) }
+
+// Replace implements cache.ReflectorStore.
+func (s reflectorStore) Replace(items []any, resourceVersion string) error {
+	var unwrapped []any
+	for i, item := range items {
+		if _, ok := item.(toolscache.DeletedFinalStateUnknown); ok {
+			if unwrapped == nil {
+				unwrapped = slices.Clone(items)
+			}
+			unwrapped[i] = untomb(item)
+		}
+	}
+	if unwrapped != nil {
+		items = unwrapped
+	}
+	return s.Store.Replace(items, resourceVersion)
 }
 
 // changed returns the Store's change hook: it drops the kept compressed

@@ -80,9 +80,16 @@ func (c *Cache) serveTable(w http.ResponseWriter, r *http.Request, p *plan) {
 		list.SetGroupVersionKind(res.gvk.GroupVersion().WithKind(res.gvk.Kind + "List"))
 		list.SetResourceVersion(fmt.Sprint(rv))
 		for _, o := range objs {
-			u, ok := o.obj.(*unstructured.Unstructured)
+			// A custom resource's Object keeps its decoded object, which
+			// Decoded returns as it is.
+			d, err := o.Decoded()
+			if err != nil {
+				c.encodingFailed(w, r, res, err)
+				return
+			}
+			u, ok := d.(*unstructured.Unstructured)
 			if !ok {
-				c.encodingFailed(w, r, res, fmt.Errorf("unexpected cached type %T", o.obj))
+				c.encodingFailed(w, r, res, fmt.Errorf("unexpected cached type %T", d))
 				return
 			}
 			// A shallow copy: the row only reads the shared content.

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"time"
@@ -80,18 +81,20 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 		all, from, cur = st.snapshotForWatch()
 		objs = make([]*Object, 0, len(all))
 		for _, o := range all {
-			if p.pred.matches(st.attrs, o) {
+			if st.selects(p.pred, o) {
 				objs = append(objs, o)
 			}
 		}
 	case p.fromRV:
 		from = p.minRV
-		if cur, err = st.watchFrom(from); err != nil {
+		var floor uint64
+		var ok bool
+		if cur, floor, ok = st.watchFrom(from); !ok {
 			// kube-apiserver answers a watch it has authorized and whose
 			// resourceVersion it parsed with a stream holding one ERROR
 			// event, not with an HTTP error.
 			c.metrics.watchEnded(res.label, endTooOld)
-			b, encErr := embed(p.media, statusOf(err), res.encoder)
+			b, encErr := embed(p.media, statusOf(tooOld(from, floor)), res.encoder)
 			if encErr != nil {
 				c.encodingFailed(w, r, res, encErr)
 				return
@@ -212,7 +215,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 		}
 		cur = next
 		for _, e := range evs {
-			if e.rv <= from {
+			if e.ResourceVersion() <= from {
 				// A watch from an RV the Store has not reached yet.
 				continue
 			}
@@ -233,7 +236,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 				}
 				c.metrics.eventSent(res.label)
 			}
-			seen = e.rv
+			seen = e.ResourceVersion()
 		}
 		behind := len(evs) == watchBatch
 		if !behind {
@@ -292,6 +295,12 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 	}
 }
 
+// tooOld is kube-apiserver's answer to a watch from an RV its window has
+// moved past.
+func tooOld(rv, floor uint64) error {
+	return apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", rv, floor))
+}
+
 // writeEndReason is why a watch whose write failed ended: a write that
 // timed out is a client that stopped reading.
 func writeEndReason(err error) string {
@@ -308,21 +317,21 @@ func writeEndReason(err error) string {
 // while in them; a nil object when the watch does not see e.
 func (c *Cache) convert(p *plan, e *event) (watch.EventType, *Object, error) {
 	st := p.res.store
-	if e.typ == watch.Deleted {
+	if e.Type() == watch.Deleted {
 		// The upstream watch sent the deleted object as kube-apiserver
 		// sends it: its last state at the deletion's resourceVersion.
-		if p.pred.matches(st.attrs, e.obj) {
-			return watch.Deleted, e.obj, nil
+		if st.selects(p.pred, e.Object()) {
+			return watch.Deleted, e.Object(), nil
 		}
 		return "", nil, nil
 	}
-	now := p.pred.matches(st.attrs, e.obj)
-	before := e.prev != nil && p.pred.matches(st.attrs, e.prev)
+	now := st.selects(p.pred, e.Object())
+	before := e.Prev() != nil && st.selects(p.pred, e.Prev())
 	switch {
 	case now && before:
-		return watch.Modified, e.obj, nil
+		return watch.Modified, e.Object(), nil
 	case now:
-		return watch.Added, e.obj, nil
+		return watch.Added, e.Object(), nil
 	case before:
 		o, err := st.deletedAt(e)
 		return watch.Deleted, o, err

@@ -200,9 +200,7 @@ func TestWatchTooOld(t *testing.T) {
 	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, cfg := testCache(t, up, wlPod("a", "80"))
 	st := c.resources[0].current.Load().store
-	st.mu.Lock()
-	st.hist.maxEvents = 2
-	st.mu.Unlock()
+	st.SetHistoryBounds(2, 0)
 	for rv := 101; rv <= 104; rv++ {
 		mustDo(t, st.Update(wlPod("a", fmt.Sprint(rv))))
 	}
@@ -291,9 +289,7 @@ func TestSlowWatcherEnded(t *testing.T) {
 	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, cfg := testCache(t, up, wlPod("a", "80"))
 	st := c.resources[0].current.Load().store
-	st.mu.Lock()
-	st.hist.maxBytes = 64 << 20 // every event stays in the window
-	st.mu.Unlock()
+	st.SetHistoryBounds(0, 64<<20) // every event stays in the window
 	srv := h2Server(t, c, up, nil)
 	q := url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"}, "resourceVersion": {"100"}}
 	stuckReq, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/v1/pods?"+q.Encode(), nil)
@@ -444,9 +440,7 @@ func TestWatchBehindEndsAtTimeout(t *testing.T) {
 	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, _ := testCache(t, up, wlPod("a", "80"))
 	st := c.resources[0].current.Load().store
-	st.mu.Lock()
-	st.hist.maxBytes = 64 << 20
-	st.mu.Unlock()
+	st.SetHistoryBounds(0, 64<<20)
 	const backlog = 5000
 	for i := range backlog {
 		mustDo(t, st.Update(wlPod("a", fmt.Sprint(101+i))))

@@ -157,18 +157,6 @@ func embed(m mediaType, obj runtime.Object, enc *encoder) ([]byte, error) {
 	return enc.encodeJSON(obj)
 }
 
-// bytes returns the body as one slice.
-func (b *body) bytes() []byte {
-	if len(b.parts) == 1 {
-		return b.parts[0]
-	}
-	out := make([]byte, 0, b.size())
-	for _, p := range b.parts {
-		out = append(out, p...)
-	}
-	return out
-}
-
 // watchWriter writes watch events as kube-apiserver frames them, with
 // apimachinery's stream serializer and framer for the media type: JSON
 // objects one after another, or length-prefixed protobuf WatchEvents.
