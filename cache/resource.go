@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // resource is one configured resource: what requests it can answer, the
@@ -41,7 +43,7 @@ type resource struct {
 	scopeTerms map[string]string
 	// scopeAttrs computes the field set scope is matched against; nil for
 	// an unscoped resource.
-	scopeAttrs AttrsFunc
+	scopeAttrs store.AttrsFunc
 	// label names the resource in metrics and logs.
 	label string
 	// crds follows CRDs (nil without custom resources).
@@ -88,12 +90,12 @@ type informer struct {
 	gvr        schema.GroupVersionResource
 	namespaced bool
 	builtin    bool
-	fields     fieldLabels
+	fields     store.FieldLabels
 	// selectable are a custom resource's selectable fields, as its CRD
 	// version had them when the Store was built.
 	selectable []apiextensionsv1.SelectableField
-	store      *Store
-	encoder    *encoder
+	store      *store.Store
+	encoder    *store.Encoder
 	ready      atomic.Bool
 	// stopped is set when the informer stops: its Store is no longer
 	// kept current.
@@ -135,7 +137,7 @@ func newResource(spec ResourceSpec, nodeName string) *resource {
 	if !r.scope.Empty() {
 		// Only core pods (namespaced) and nodes are scoped.
 		namespaced := spec.Resource == "pods"
-		r.scopeAttrs = attrsFor(fieldLabelsFor(spec.GroupResource(), true, namespaced), namespaced)
+		r.scopeAttrs = store.AttrsFor(store.FieldLabelsFor(spec.GroupResource(), true, namespaced), namespaced)
 	}
 	return r
 }
@@ -242,7 +244,7 @@ func (r *informer) resolve(dc discovery.DiscoveryInterface) error {
 			r.gvk = gv.WithKind(ar.Kind)
 			r.namespaced = ar.Namespaced
 			r.builtin = scheme.Scheme.Recognizes(r.gvk)
-			r.fields = fieldLabelsFor(r.gvr.GroupResource(), r.builtin, r.namespaced)
+			r.fields = store.FieldLabelsFor(r.gvr.GroupResource(), r.builtin, r.namespaced)
 			if !r.builtin {
 				return r.resolveCRD()
 			}
@@ -348,9 +350,9 @@ func (r *informer) run(ctx context.Context, cfg *rest.Config, dc discovery.Disco
 			r.prober.observe = r.metrics.probeDone(r.label)
 		}
 	}
-	r.store = NewStore(attrsFor(r.fields, r.namespaced), r.prepare, r.changed(onChange))
+	r.store = store.NewStore(store.AttrsFor(r.fields, r.namespaced), r.prepare, r.changed(onChange))
 	r.store.SetHistoryBounds(r.historyEvents, r.historyBytes)
-	r.encoder = newEncoder(r.gvk, r.builtin)
+	r.encoder = store.NewEncoder(r.gvk, r.builtin)
 	r.ready.Store(true)
 	logger.V(2).Info("Caching resource", "gvr", r.gvr, "scope", r.scope.String(), "as", cfg.Impersonate.UserName)
 	source := explainRefusals(toolscache.ToListerWatcherWithContext(lw), cfg, logger)
@@ -363,7 +365,7 @@ func (r *informer) run(ctx context.Context, cfg *rest.Config, dc discovery.Disco
 // takes runtime.Objects; the tombstones client-go may hand a store (a
 // DeletedFinalStateUnknown) are unwrapped here, so that the Store needs
 // nothing of client-go's tools.
-type reflectorStore struct{ *Store }
+type reflectorStore struct{ *store.Store }
 
 var (
 	_ toolscache.ReflectorStore         = reflectorStore{}
@@ -472,7 +474,7 @@ func (h *healthListerWatcher) WatchWithContext(ctx context.Context, opts metav1.
 		// A watch from N gets the events after N; from "0" or "" (which
 		// the reflector does not make after a list), synthetic ADDED
 		// events first, in no RV order: those are not checked.
-		if rv, err := ParseResourceVersion(opts.ResourceVersion); err == nil && rv > 0 {
+		if rv, err := store.ParseResourceVersion(opts.ResourceVersion); err == nil && rv > 0 {
 			hw.from = rv
 		}
 	}
@@ -554,7 +556,7 @@ func objectRV(obj runtime.Object) (uint64, bool) {
 	if err != nil || m.GetResourceVersion() == "" {
 		return 0, false
 	}
-	rv, err := ParseResourceVersion(m.GetResourceVersion())
+	rv, err := store.ParseResourceVersion(m.GetResourceVersion())
 	return rv, err == nil && rv > 0
 }
 

@@ -25,6 +25,8 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 func mustDo(t *testing.T, err error) {
@@ -78,7 +80,7 @@ func labeled(name, rv, app string) *corev1.Pod {
 // leaving them DELETED with its previous state at the event's RV).
 func TestWatchFormsFromHistory(t *testing.T) {
 	fastBookmarks(t, time.Hour)
-	changes := func(t *testing.T, st *Store) {
+	changes := func(t *testing.T, st *store.Store) {
 		mustDo(t, st.Update(labeled("a", "101", "y"))) // a leaves app=x
 		mustDo(t, st.Update(labeled("b", "102", "x"))) // b enters app=x
 		mustDo(t, st.Add(labeled("c", "103", "x")))    // c is created in app=x
@@ -529,10 +531,10 @@ func TestWatchBookmarkRepeatsLastEvent(t *testing.T) {
 func TestWatchRVWentBack(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		goBack func(st *Store) error
+		goBack func(st *store.Store) error
 	}{
-		{"an older event", func(st *Store) error { return st.Update(wlPod("a", "120")) }},
-		{"an older list", func(st *Store) error { return st.Replace([]any{wlPod("a", "110")}, "120") }},
+		{"an older event", func(st *store.Store) error { return st.Update(wlPod("a", "120")) }},
+		{"an older list", func(st *store.Store) error { return st.Replace([]any{wlPod("a", "110")}, "120") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}

@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"context"
@@ -151,7 +151,7 @@ func (s *Store) newObject(item any) (*Object, uint64, error) {
 // compact returns the Object of obj: a built-in object as its protobuf
 // message with its packed selector attributes, anything else as it is.
 func (s *Store) compact(obj runtime.Object, namespace, name string) (*Object, error) {
-	o := &Object{key: keyString(namespace, name)}
+	o := &Object{key: Key(namespace, name)}
 	po, isProto := obj.(protoObject)
 	if !isProto {
 		o.obj = obj
@@ -227,7 +227,7 @@ func (s *Store) put(item any, typ watch.EventType) error {
 		s.rv = rv
 	}
 	if s.synced {
-		e := &event{typ: typ, obj: o, prev: prev, rv: rv, at: s.now(), size: objectSize(o)}
+		e := &Event{typ: typ, obj: o, prev: prev, rv: rv, at: s.now(), size: objectSize(o)}
 		s.hist.add(e)
 	}
 	// A watch event's object carries the RV of the change (for a delete,
@@ -401,8 +401,8 @@ func (s *Store) Snapshot(p Predicate) ([]*Object, uint64) {
 	return out, rv
 }
 
-// selects reports whether p selects o, an object of the Store.
-func (s *Store) selects(p Predicate, o *Object) bool {
+// Selects reports whether p selects o, an object of the Store.
+func (s *Store) Selects(p Predicate, o *Object) bool {
 	return p.matches(s.attrs, o)
 }
 

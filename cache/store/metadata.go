@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"strconv"
@@ -10,38 +10,38 @@ import (
 
 // The meta.k8s.io/v1 kinds of metadata-only answers.
 var (
-	metadataGVK     = metav1.SchemeGroupVersion.WithKind("PartialObjectMetadata")
-	metadataListGVK = metav1.SchemeGroupVersion.WithKind("PartialObjectMetadataList")
+	MetadataGVK     = metav1.SchemeGroupVersion.WithKind("PartialObjectMetadata")
+	MetadataListGVK = metav1.SchemeGroupVersion.WithKind("PartialObjectMetadataList")
 )
 
-// asPartialObjectMetadata returns obj's metadata as kube-apiserver's
+// AsPartialObjectMetadata returns obj's metadata as kube-apiserver's
 // transformation returns it for Accept as=PartialObjectMetadata.
-func asPartialObjectMetadata(obj runtime.Object) (*metav1.PartialObjectMetadata, error) {
+func AsPartialObjectMetadata(obj runtime.Object) (*metav1.PartialObjectMetadata, error) {
 	m, err := meta.Accessor(obj)
 	if err != nil {
 		return nil, err
 	}
 	p := meta.AsPartialObjectMetadata(m)
-	p.SetGroupVersionKind(metadataGVK)
+	p.SetGroupVersionKind(MetadataGVK)
 	return p, nil
 }
 
 // metadataJSON is o as a PartialObjectMetadata in JSON, cached on o.
-func (e *encoder) metadataJSON(o *Object) ([]byte, error) {
+func (e *Encoder) metadataJSON(o *Object) ([]byte, error) {
 	return o.Encoded(EncodingMetadataJSON, func(obj runtime.Object) ([]byte, error) {
-		p, err := asPartialObjectMetadata(obj)
+		p, err := AsPartialObjectMetadata(obj)
 		if err != nil {
 			return nil, err
 		}
-		return e.encodeJSON(p)
+		return e.EncodeJSON(p)
 	})
 }
 
 // metadataProtobuf is o's PartialObjectMetadata protobuf message, cached
 // on o.
-func (e *encoder) metadataProtobuf(o *Object) ([]byte, error) {
+func (e *Encoder) metadataProtobuf(o *Object) ([]byte, error) {
 	return o.Encoded(EncodingMetadataProtobuf, func(obj runtime.Object) ([]byte, error) {
-		p, err := asPartialObjectMetadata(obj)
+		p, err := AsPartialObjectMetadata(obj)
 		if err != nil {
 			return nil, err
 		}
@@ -49,40 +49,40 @@ func (e *encoder) metadataProtobuf(o *Object) ([]byte, error) {
 	})
 }
 
-// metadataObject returns the body of a metadata-only get of o, or o's
+// MetadataObject returns the body of a metadata-only get of o, or o's
 // embedded form in a metadata-only watch event (without the JSON newline).
-func (e *encoder) metadataObject(m mediaType, o *Object) (*body, error) {
-	if m == mediaProtobuf {
+func (e *Encoder) MetadataObject(m MediaType, o *Object) (*Body, error) {
+	if m == MediaProtobuf {
 		raw, err := e.metadataProtobuf(o)
 		if err != nil {
 			return nil, err
 		}
-		return envelope(metadataGVK.GroupVersion().String(), metadataGVK.Kind, &body{parts: [][]byte{raw}}), nil
+		return Envelope(MetadataGVK.GroupVersion().String(), MetadataGVK.Kind, &Body{parts: [][]byte{raw}}), nil
 	}
 	b, err := e.metadataJSON(o)
 	if err != nil {
 		return nil, err
 	}
-	return &body{parts: [][]byte{b}}, nil
+	return &Body{parts: [][]byte{b}}, nil
 }
 
-// metadataList returns the body of a metadata-only list of objs at rv: a
+// MetadataList returns the body of a metadata-only list of objs at rv: a
 // PartialObjectMetadataList whose items carry their kind and apiVersion,
 // as kube-apiserver writes it.
-func (e *encoder) metadataList(m mediaType, objs []*Object, rv uint64) (*body, error) {
+func (e *Encoder) MetadataList(m MediaType, objs []*Object, rv uint64) (*Body, error) {
 	listMeta := metav1.ListMeta{ResourceVersion: strconv.FormatUint(rv, 10)}
-	if m == mediaProtobuf {
-		return protobufList(metadataListGVK.GroupVersion().String(), metadataListGVK.Kind, listMeta, objs, e.metadataProtobuf)
+	if m == MediaProtobuf {
+		return protobufList(MetadataListGVK.GroupVersion().String(), MetadataListGVK.Kind, listMeta, objs, e.metadataProtobuf)
 	}
 	if len(objs) == 0 {
 		// The empty list has a null items field; let the serializer say so.
 		list := &metav1.PartialObjectMetadataList{ListMeta: listMeta}
-		list.SetGroupVersionKind(metadataListGVK)
-		b, err := e.encodeJSON(list)
+		list.SetGroupVersionKind(MetadataListGVK)
+		b, err := e.EncodeJSON(list)
 		if err != nil {
 			return nil, err
 		}
-		return &body{parts: [][]byte{b, newline}}, nil
+		return &Body{parts: [][]byte{b, newline}}, nil
 	}
 	head := []byte(`{"kind":"PartialObjectMetadataList","apiVersion":"meta.k8s.io/v1","metadata":{"resourceVersion":` +
 		strconv.Quote(listMeta.ResourceVersion) + `},"items":[`)

@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"bytes"
@@ -18,10 +18,10 @@ import (
 
 // referenceEncode encodes obj the way kube-apiserver does: the versioning
 // codec over the JSON or protobuf serializer for the object's version.
-func referenceEncode(t *testing.T, m mediaType, gv schema.GroupVersion, obj runtime.Object) []byte {
+func referenceEncode(t *testing.T, m MediaType, gv schema.GroupVersion, obj runtime.Object) []byte {
 	t.Helper()
 	var s runtime.Serializer
-	if m == mediaProtobuf {
+	if m == MediaProtobuf {
 		s = protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
 	} else {
 		info, _ := runtime.SerializerInfoForMediaType(scheme.Codecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
@@ -38,21 +38,21 @@ func referenceEncode(t *testing.T, m mediaType, gv schema.GroupVersion, obj runt
 type testKind struct {
 	gvk        schema.GroupVersionKind
 	namespaced bool
-	fields     fieldLabels
-	encoder    *encoder
+	fields     FieldLabels
+	Encoder    *Encoder
 }
 
 func typedResource(gvr schema.GroupVersionResource, kind string, namespaced bool) *testKind {
 	gvk := gvr.GroupVersion().WithKind(kind)
-	return &testKind{gvk: gvk, namespaced: namespaced, fields: fieldLabelsFor(gvr.GroupResource(), true, namespaced),
-		encoder: newEncoder(gvk, true)}
+	return &testKind{gvk: gvk, namespaced: namespaced, fields: FieldLabelsFor(gvr.GroupResource(), true, namespaced),
+		Encoder: NewEncoder(gvk, true)}
 }
 
 // objectsOf returns items as a Store of k keeps them, with apiVersion and
 // kind set on typed objects, as an informer's Store does.
 func objectsOf(t *testing.T, k *testKind, items ...runtime.Object) []*Object {
 	t.Helper()
-	st := NewStore(attrsFor(k.fields, k.namespaced), func(obj runtime.Object) runtime.Object {
+	st := NewStore(AttrsFor(k.fields, k.namespaced), func(obj runtime.Object) runtime.Object {
 		if _, ok := obj.(*unstructured.Unstructured); !ok {
 			obj.GetObjectKind().SetGroupVersionKind(k.gvk)
 		}
@@ -69,14 +69,14 @@ func objectsOf(t *testing.T, k *testKind, items ...runtime.Object) []*Object {
 	return out
 }
 
-func body2bytes(t *testing.T, f func() (*body, error)) []byte {
+func body2bytes(t *testing.T, f func() (*Body, error)) []byte {
 	t.Helper()
 	b, err := f()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	if err := b.writeTo(&buf); err != nil {
+	if err := b.WriteAll(&buf); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
@@ -132,17 +132,17 @@ func TestEncodingMatchesKubeAPIServer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := objectsOf(t, tc.res, tc.items...)
 			gv := tc.res.gvk.GroupVersion()
-			for _, m := range []mediaType{mediaJSON, mediaProtobuf} {
-				got := body2bytes(t, func() (*body, error) { return tc.res.encoder.list(m, objs, 42) })
+			for _, m := range []MediaType{MediaJSON, MediaProtobuf} {
+				got := body2bytes(t, func() (*Body, error) { return tc.res.Encoder.List(m, objs, 42) })
 				want := referenceEncode(t, m, gv, tc.list)
 				if !bytes.Equal(got, want) {
-					t.Errorf("%s list:\n got %q\nwant %q", m.contentType(), got, want)
+					t.Errorf("%s list:\n got %q\nwant %q", m.ContentType(), got, want)
 				}
 				for i, o := range objs {
-					got := body2bytes(t, func() (*body, error) { return tc.res.encoder.object(m, o) })
+					got := body2bytes(t, func() (*Body, error) { return tc.res.Encoder.Object(m, o) })
 					want := referenceEncode(t, m, gv, tc.items[i])
 					if !bytes.Equal(got, want) {
-						t.Errorf("%s object:\n got %q\nwant %q", m.contentType(), got, want)
+						t.Errorf("%s object:\n got %q\nwant %q", m.ContentType(), got, want)
 					}
 				}
 			}
@@ -155,15 +155,15 @@ func TestEncodingMatchesKubeAPIServer(t *testing.T) {
 func TestEncodingCustomResource(t *testing.T) {
 	gvr := schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}
 	gvk := gvr.GroupVersion().WithKind("Widget")
-	r := &testKind{gvk: gvk, namespaced: true, fields: fieldLabelsFor(gvr.GroupResource(), false, true),
-		encoder: newEncoder(gvk, false)}
+	r := &testKind{gvk: gvk, namespaced: true, fields: FieldLabelsFor(gvr.GroupResource(), false, true),
+		Encoder: NewEncoder(gvk, false)}
 	w := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "example.com/v1", "kind": "Widget",
 		"metadata": map[string]any{"name": "w", "namespace": "ns", "resourceVersion": "5"},
 		"spec":     map[string]any{"size": int64(3)},
 	}}
 	objs := objectsOf(t, r, w)
-	got := string(body2bytes(t, func() (*body, error) { return r.encoder.list(mediaJSON, objs, 8) }))
+	got := string(body2bytes(t, func() (*Body, error) { return r.Encoder.List(MediaJSON, objs, 8) }))
 	want := `{"kind":"WidgetList","apiVersion":"example.com/v1","metadata":{"resourceVersion":"8"},"items":[` +
 		`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w","namespace":"ns","resourceVersion":"5"},"spec":{"size":3}}]}` + "\n"
 	if diff := cmp.Diff(want, got); diff != "" {
