@@ -5,8 +5,10 @@
 // The store, its event history and the per-object encodings are
 // cache/store, which knows nothing of HTTP requests.
 //
-// Files: resource.go (one watched resource and its informer), ondemand.go
-// (when informers start and stop: pinned, or on demand until idle),
+// Files: resource.go (one configured resource and its read-your-writes
+// barrier), informer.go (one run of its watch: discovery, the Reflector
+// filling the Store, the watch's health), ondemand.go (when informers
+// start and stop: pinned, or on demand until idle),
 // classify.go (which requests the cache may answer), negotiate.go (the
 // answer's encoding and shape), cache.go (the request path), watch.go and
 // watchlist.go (watches served from the history), table.go (Tables of
