@@ -21,6 +21,7 @@ import (
 	"k8s.io/utils/clock"
 
 	"github.com/kube-apicache/kube-apicache/cache/access"
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // Cache answers covered get and list requests from one shared watch per
@@ -155,7 +156,7 @@ type ResourceState struct {
 	// Watching: the informer holds its watch open upstream.
 	Watching bool
 	// History is the event window watches are served from.
-	History HistoryStats
+	History store.HistoryStats
 	// Lists counts the running informer's lists: the first, and a relist
 	// each time its watch could not resume from its resourceVersion.
 	Lists uint64
@@ -348,7 +349,7 @@ func (c *Cache) await(ctx context.Context, p *plan, src string) string {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.WaitTimeout)
 	defer cancel()
 	if err := p.res.store.WaitForResourceVersion(ctx, want); err != nil {
-		if errors.Is(err, ErrStoreClosed) {
+		if errors.Is(err, store.ErrStoreClosed) {
 			// The informer stopped meanwhile.
 			return reasonNotSynced
 		}
@@ -389,7 +390,7 @@ func (c *Cache) awaitProbe(ctx context.Context, p *plan, src string) string {
 		c.metrics.probeWait(res.label, "probe-failed", c.now().Sub(start))
 		return reasonProbeFailed
 	}
-	if !res.store.awaitCurrent(ctx, result) {
+	if !awaitCurrent(ctx, res.store, result) {
 		c.metrics.probeWait(res.label, "behind", c.now().Sub(start))
 		if res.stopped.Load() {
 			return reasonNotSynced
@@ -460,7 +461,7 @@ func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
 	res := p.res
 	enc := res.encoder
 	h := w.Header()
-	h.Set("Content-Type", p.media.contentType())
+	h.Set("Content-Type", p.media.ContentType())
 	h.Set("Cache-Control", "no-cache, private")
 	if p.verb == "get" {
 		o, _, ok := res.store.Get(p.namespace, p.name)
@@ -468,12 +469,12 @@ func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
 			writeStatus(w, r, apierrors.NewNotFound(res.gvr.GroupResource(), p.name))
 			return
 		}
-		body, err := enc.object(p.media, o)
+		body, err := enc.Object(p.media, o)
 		if err != nil {
 			c.encodingFailed(w, r, res, err)
 			return
 		}
-		_ = body.writeTo(w)
+		_ = body.WriteAll(w)
 		return
 	}
 	// Read before the snapshot, unless the handler took it already (the
@@ -487,19 +488,52 @@ func (c *Cache) servePlan(w http.ResponseWriter, r *http.Request, p *plan) {
 			return
 		}
 	}
-	body, err := enc.list(p.media, objs, rv)
+	body, err := enc.List(p.media, objs, rv)
 	if err != nil {
 		c.encodingFailed(w, r, res, err)
 		return
 	}
-	if gzipOK && body.size() > gzipThreshold {
+	if gzipOK && body.Size() > gzipThreshold {
 		if gz, err := res.gzipped.compress(gen, res.store.ResourceVersion, p.media, objs, rv, body); err == nil {
 			writeGzip(w, gz)
 			return
 		}
 	}
 	bw := bufio.NewWriterSize(w, 32<<10)
-	if err := body.writeTo(bw); err == nil {
+	if err := body.WriteAll(bw); err == nil {
+		_ = bw.Flush()
+	}
+}
+
+// newline ends a JSON answer.
+var newline = []byte("\n")
+
+// serveMetadata answers a metadata-only get or list.
+func (c *Cache) serveMetadata(w http.ResponseWriter, r *http.Request, p *plan) {
+	res := p.res
+	var b *store.Body
+	var err error
+	if p.verb == "get" {
+		o, _, ok := res.store.Get(p.namespace, p.name)
+		if !ok {
+			writeStatus(w, r, apierrors.NewNotFound(res.gvr.GroupResource(), p.name))
+			return
+		}
+		if b, err = res.encoder.MetadataObject(p.media, o); err == nil && p.media == store.MediaJSON {
+			b.Add(newline)
+		}
+	} else {
+		objs, rv := p.snapshot()
+		b, err = res.encoder.MetadataList(p.media, objs, rv)
+	}
+	if err != nil {
+		c.encodingFailed(w, r, res, err)
+		return
+	}
+	w.Header().Set("Content-Type", p.media.ContentType())
+	w.Header().Set("Cache-Control", "no-cache, private")
+	bw := bufio.NewWriterSize(w, 32<<10)
+	if err := b.WriteAll(bw); err == nil {
 		_ = bw.Flush()
 	}
 }

@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // rvMode is how a read's resourceVersion constrains the answer.
@@ -77,13 +79,13 @@ type plan struct {
 	verb      string // get or list
 	namespace string
 	name      string
-	media     mediaType
+	media     store.MediaType
 	mode      rvMode
 	minRV     uint64
 	// limit is the list's limit (0: none); ignored for rvAny.
 	limit int64
 	// pred selects a list's objects.
-	pred Predicate
+	pred store.Predicate
 	// badRequest is the 400 kube-apiserver answers once the request is
 	// authorized (an unparsable selector).
 	badRequest error
@@ -114,12 +116,12 @@ type plan struct {
 
 // listSnapshot is a list's objects and the RV they are consistent at.
 type listSnapshot struct {
-	objs []*Object
+	objs []*store.Object
 	rv   uint64
 }
 
 // snapshot returns the plan's list snapshot, taking it on first use.
-func (p *plan) snapshot() ([]*Object, uint64) {
+func (p *plan) snapshot() ([]*store.Object, uint64) {
 	if p.snap == nil {
 		objs, rv := p.res.store.Snapshot(p.pred)
 		p.snap = &listSnapshot{objs: objs, rv: rv}
@@ -257,7 +259,7 @@ func (c *Cache) classifyList(p *plan, query map[string][]string) (*plan, string)
 			return nil, reasonOutOfScope
 		}
 	}
-	field, err := field.Transform(res.fields.convert)
+	field, err := field.Transform(res.fields.Convert)
 	if err != nil {
 		// A label the cache does not know exactly as kube-apiserver does
 		// is kube-apiserver's to answer, with a 400 or with objects.
@@ -267,7 +269,7 @@ func (c *Cache) classifyList(p *plan, query map[string][]string) (*plan, string)
 	if label == nil {
 		label = labels.Everything()
 	}
-	p.pred = Predicate{Namespace: p.namespace, Label: label, Field: withoutScopeTerms(field, res.scopeTerms)}
+	p.pred = store.Predicate{Namespace: p.namespace, Label: label, Field: withoutScopeTerms(field, res.scopeTerms)}
 	p.limit = opts.Limit
 	var reason string
 	if p.mode, p.minRV, reason = c.rvModeOf(opts.ResourceVersion, opts.ResourceVersionMatch, opts.Limit); reason != "" {
@@ -299,7 +301,7 @@ func (c *Cache) rvModeOf(rv string, match metav1.ResourceVersionMatch, limit int
 		// A paginated list at an exact RV (the legacy meaning).
 		return 0, 0, reasonExact
 	}
-	n, err := ParseResourceVersion(rv)
+	n, err := store.ParseResourceVersion(rv)
 	if err != nil {
 		return 0, 0, reasonResourceVersion
 	}
@@ -366,4 +368,10 @@ func routeMismatch(r *http.Request, info *request.RequestInfo, namespaced bool) 
 		return reasonNoRoute
 	}
 	return ""
+}
+
+// BuiltinFieldLabels returns the field labels the cache answers for a
+// built-in resource, for tests that compare them with kube-apiserver.
+func BuiltinFieldLabels(gr schema.GroupResource) []string {
+	return store.BuiltinFieldLabels(gr)
 }

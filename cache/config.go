@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kube-apicache/kube-apicache/cache/access"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // DefaultResources is the default --cache-resources: this node's pods and
@@ -30,6 +32,12 @@ const DefaultIdleTimeout = 10 * time.Minute
 // DefaultWaitTimeout bounds how long a read waits for the cache to reach the
 // resourceVersion it needs before it is forwarded instead.
 const DefaultWaitTimeout = time.Second
+
+// Default bounds of a resource's event window: the Store's own.
+const (
+	DefaultHistoryEvents = store.DefaultHistoryEvents
+	DefaultHistoryBytes  = store.DefaultHistoryBytes
+)
 
 // ConsistentReads says how reads with resourceVersion unset are answered.
 type ConsistentReads string
@@ -263,7 +271,7 @@ type Config struct {
 	// stops an informer once started.
 	IdleTimeout time.Duration
 	// HistoryEvents and HistoryBytes bound each resource's event window,
-	// which watches from a resourceVersion are served from (history.go):
+	// which watches from a resourceVersion are served from (store/history.go):
 	// a watch from before it gets 410 Gone. Zero means
 	// DefaultHistoryEvents and DefaultHistoryBytes.
 	HistoryEvents, HistoryBytes int

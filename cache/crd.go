@@ -21,6 +21,8 @@ import (
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/jsonpath"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // crdIndex follows the CustomResourceDefinitions of the custom resources
@@ -273,7 +275,7 @@ func columnsOrDefault(cols []apiextensionsv1.CustomResourceColumnDefinition) []a
 // metadata.namespace for namespaced resources, and the version's
 // selectableFields, whose values are read with their JSONPath and printed
 // as fmt.Sprint does (empty when absent).
-func crdFieldLabels(namespaced bool, selectable []apiextensionsv1.SelectableField) (fieldLabels, error) {
+func crdFieldLabels(namespaced bool, selectable []apiextensionsv1.SelectableField) (store.FieldLabels, error) {
 	type field struct {
 		name string
 		path *jsonpath.JSONPath
@@ -285,17 +287,17 @@ func crdFieldLabels(namespaced bool, selectable []apiextensionsv1.SelectableFiel
 		p := jsonpath.New("selectableField")
 		p.AllowMissingKeys(true)
 		if err := p.Parse("{" + sf.JSONPath + "}"); err != nil {
-			return fieldLabels{}, fmt.Errorf("selectable field %q: %w", sf.JSONPath, err)
+			return store.FieldLabels{}, fmt.Errorf("selectable field %q: %w", sf.JSONPath, err)
 		}
 		paths = append(paths, field{name: name, path: p})
 		names[name] = true
 	}
-	fl := fieldLabelsFor(schema.GroupResource{}, false, namespaced)
+	fl := store.FieldLabelsFor(schema.GroupResource{}, false, namespaced)
 	for name := range names {
-		fl.labels[name] = name
+		fl.Labels[name] = name
 	}
 	if len(paths) > 0 {
-		fl.set = func(obj runtime.Object) fields.Set {
+		fl.Set = func(obj runtime.Object) fields.Set {
 			set := fields.Set{}
 			us, ok := obj.(runtime.Unstructured)
 			if !ok {

@@ -2,12 +2,19 @@
 // resource, shared by every client on the node, whose Store answers covered
 // reads with kube-apiserver's semantics and bytes.
 //
-// Files: store.go (the Store and its resourceVersion), resource.go (one
-// watched resource and its informer), ondemand.go (when informers start
-// and stop: pinned, or on demand until idle), classify.go (which requests the cache may answer),
-// cache.go (the request path), encode.go (JSON and protobuf from cached
-// bytes), fields.go (kube-apiserver's field labels), probe.go (the probes
+// The store, its event history and the per-object encodings are
+// cache/store, which knows nothing of HTTP requests.
+//
+// Files: resource.go (one configured resource and its read-your-writes
+// barrier), informer.go (one run of its watch: discovery, the Reflector
+// filling the Store, the watch's health), ondemand.go (when informers
+// start and stop: pinned, or on demand until idle),
+// classify.go (which requests the cache may answer), negotiate.go (the
+// answer's encoding and shape), cache.go (the request path), watch.go and
+// watchlist.go (watches served from the history), table.go (Tables of
+// custom resources), response.go (compressed lists), probe.go (the probes
 // consistent reads wait for), probebudget.go (what probes may cost the
 // agent's identity), write.go (the read-your-writes barrier), asnode.go
-// (which identity each watch runs as), metrics.go.
+// (which identity each watch runs as), crd.go (the CRDs of cached custom
+// resources), metrics.go.
 package cache

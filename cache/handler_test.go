@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kube-apicache/kube-apicache/cache/access"
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // stubReviewer returns a fixed result and counts its calls.
@@ -73,9 +75,9 @@ func newHandlerCache(t *testing.T) *handlerCache {
 		gvr := corev1.SchemeGroupVersion.WithResource(r.spec.Resource)
 		kind := map[string]string{"pods": "Pod", "services": "Service"}[r.spec.Resource]
 		r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind(kind), true, true
-		r.fields = fieldLabelsFor(gvr.GroupResource(), true, true)
-		r.store = NewStore(attrsFor(r.fields, true), r.prepare, r.changed(nil))
-		r.encoder = newEncoder(r.gvk, true)
+		r.fields = store.FieldLabelsFor(gvr.GroupResource(), true, true)
+		r.store = store.NewStore(store.AttrsFor(r.fields, true), r.prepare, r.changed(nil))
+		r.encoder = store.NewEncoder(r.gvk, true)
 		r.ready.Store(true)
 		r.watchState.Store(1<<1 | 1)
 	}
@@ -209,7 +211,7 @@ func TestHandlerCoverage(t *testing.T) {
 			if got.code != http.StatusOK {
 				t.Fatalf("code %d %s", got.code, got.body)
 			}
-			if names := itemNames(t, got.body); !equal(names, c.wantNames) {
+			if names := itemNames(t, got.body); !slices.Equal(names, c.wantNames) {
 				t.Errorf("items %v, want %v", names, c.wantNames)
 			}
 		})
@@ -236,7 +238,7 @@ func TestHandlerGet(t *testing.T) {
 		t.Errorf("missing service: %d %s", got.code, got.body)
 	}
 	got = tc.get(t, "/api/v1/namespaces/ns/services/s1", "Accept", "application/vnd.kubernetes.protobuf")
-	if got.code != 200 || got.contentType != runtime.ContentTypeProtobuf || !bytes.HasPrefix(got.body, protobufMagic) {
+	if got.code != 200 || got.contentType != runtime.ContentTypeProtobuf || !bytes.HasPrefix(got.body, store.ProtobufMagic) {
 		t.Errorf("protobuf get: %d %q %q", got.code, got.contentType, got.body)
 	}
 }
@@ -368,16 +370,17 @@ func TestObserveWriteKeepsBody(t *testing.T) {
 
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "s1", Namespace: "ns", ResourceVersion: "44"}}
 	svc.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Service"))
-	o, _, err := tc.services.store.newObject(svc)
-	if err != nil {
+	st := store.NewStore(nil, nil, nil)
+	if err := st.Add(svc); err != nil {
 		t.Fatal(err)
 	}
-	b, err := tc.services.encoder.object(mediaProtobuf, o)
+	o, _, _ := st.Get("ns", "s1")
+	b, err := tc.services.encoder.Object(store.MediaProtobuf, o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	_ = b.writeTo(&buf)
+	_ = b.WriteAll(&buf)
 	resp = forwardedWrite(t, "/api/v1/namespaces/ns/services/s1", "PATCH", buf.String())
 	resp.Header.Set("Content-Type", runtime.ContentTypeProtobuf)
 	tc.ObserveWrite(resp)

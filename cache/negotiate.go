@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/endpoints/handlers/negotiation"
 	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // Content negotiation: which encoding and shape a cached answer takes, as
@@ -84,23 +86,23 @@ func (restrictions) AllowsStreamSchema(s string) bool        { return s == "watc
 // PartialObjectMetadataList for list, and Table for custom resources (get
 // and list) in JSON. Everything else, including the v1beta1 forms and the
 // mismatched ones kube-apiserver rejects, is forwarded.
-func negotiateTransform(r *http.Request, builtin bool, verb string) (mediaType, transform, string) {
+func negotiateTransform(r *http.Request, builtin bool, verb string) (store.MediaType, transform, string) {
 	opts, ok := negotiation.NegotiateMediaTypeOptions(r.Header.Get("Accept"), transformMediaTypes, restrictions{builtin: builtin})
 	if !ok || opts.Pretty || len(opts.Unrecognized) > 0 || opts.UseServerVersion != "" {
 		return 0, 0, reasonMediaType
 	}
-	var media mediaType
+	var media store.MediaType
 	switch opts.Accepted.MediaType {
 	case runtime.ContentTypeJSON:
-		media = mediaJSON
+		media = store.MediaJSON
 	case runtime.ContentTypeProtobuf:
-		media = mediaProtobuf
+		media = store.MediaProtobuf
 	default:
 		return 0, 0, reasonMediaType
 	}
 	target := opts.Convert
 	if target == nil {
-		if !builtin && media != mediaJSON {
+		if !builtin && media != store.MediaJSON {
 			return 0, 0, reasonMediaType
 		}
 		return media, asObject, ""
@@ -118,7 +120,7 @@ func negotiateTransform(r *http.Request, builtin bool, verb string) (mediaType, 
 			// library the cache can use; a NAME/AGE table would be wrong.
 			return 0, 0, reasonTableBuiltin
 		}
-		if media != mediaJSON {
+		if media != store.MediaJSON {
 			return 0, 0, reasonMediaType
 		}
 		return media, asTable, ""
@@ -136,7 +138,7 @@ func wantsTransform(r *http.Request) bool {
 // Accept header as negotiate does, one asking for a transformation as
 // negotiateTransform does (after the same checks for pretty output, which
 // the cache never writes).
-func negotiateShape(r *http.Request, builtin bool, verb string) (mediaType, transform, string) {
+func negotiateShape(r *http.Request, builtin bool, verb string) (store.MediaType, transform, string) {
 	if len(r.Header.Values("Accept")) > 1 || !answerableAccept(r.Header.Get("Accept"), wantsTransform(r)) {
 		return 0, 0, reasonMediaType
 	}
@@ -159,7 +161,7 @@ func negotiateShape(r *http.Request, builtin bool, verb string) (mediaType, tran
 // negotiate picks the response encoding as kube-apiserver would, and
 // forwards what the cache does not write itself: Table and other
 // transformations, YAML, pretty printing, unknown types.
-func negotiate(r *http.Request, builtin bool) (mediaType, string) {
+func negotiate(r *http.Request, builtin bool) (store.MediaType, string) {
 	accept := r.Header.Get("Accept")
 	if strings.Contains(accept, "as=") || strings.Contains(accept, "pretty") {
 		return 0, reasonMediaType
@@ -181,9 +183,9 @@ func negotiate(r *http.Request, builtin bool) (mediaType, string) {
 	}
 	switch opts.Accepted.MediaType {
 	case runtime.ContentTypeJSON:
-		return mediaJSON, ""
+		return store.MediaJSON, ""
 	case runtime.ContentTypeProtobuf:
-		return mediaProtobuf, ""
+		return store.MediaProtobuf, ""
 	}
 	return 0, reasonMediaType
 }

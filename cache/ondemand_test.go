@@ -21,6 +21,7 @@ import (
 	testingclock "k8s.io/utils/clock/testing"
 
 	"github.com/kube-apicache/kube-apicache/cache/access"
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // fakeAPIServer serves discovery, lists and watches of core v1 services
@@ -225,7 +226,7 @@ func TestOnDemandLifecycle(t *testing.T) {
 	}
 	tc.clock.Step(11 * time.Second)
 	tc.waitState(t, "services", StateIdle)
-	if !first.stopped.Load() || first.store.WaitForResourceVersion(context.Background(), 1000) != ErrStoreClosed {
+	if !first.stopped.Load() || first.store.WaitForResourceVersion(context.Background(), 1000) != store.ErrStoreClosed {
 		t.Errorf("stopped informer: not marked stopped, or its Store still open")
 	}
 	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
@@ -346,8 +347,8 @@ func TestBarrierOutlivesInformer(t *testing.T) {
 	// A new informer, synced from a list at RV 10.
 	r := testInformer(old.resource)
 	r.gvr, r.gvk, r.namespaced, r.builtin, r.fields = old.gvr, old.gvk, true, true, old.fields
-	r.store = NewStore(attrsFor(r.fields, true), r.prepare, r.changed(nil))
-	r.encoder = newEncoder(r.gvk, true)
+	r.store = store.NewStore(store.AttrsFor(r.fields, true), r.prepare, r.changed(nil))
+	r.encoder = store.NewEncoder(r.gvk, true)
 	r.ready.Store(true)
 	r.watchState.Store(1<<1 | 1)
 	if err := r.store.Replace(nil, "10"); err != nil {

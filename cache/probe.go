@@ -11,6 +11,8 @@ import (
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/flowcontrol"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // A consistent read (resourceVersion unset) must see every write that
@@ -146,18 +148,18 @@ func (r *informer) metadataProbe(cfg *rest.Config) (func(context.Context) probeR
 		if err != nil {
 			return probeResult{err: err}
 		}
-		rv, err := ParseResourceVersion(list.ResourceVersion)
+		rv, err := store.ParseResourceVersion(list.ResourceVersion)
 		if err != nil {
 			return probeResult{err: fmt.Errorf("probe of %s: %w", r.label, err)}
 		}
 		versions := make(map[string]uint64, len(list.Items))
 		for i := range list.Items {
 			m := &list.Items[i]
-			v, err := ParseResourceVersion(m.ResourceVersion)
+			v, err := store.ParseResourceVersion(m.ResourceVersion)
 			if err != nil {
 				return probeResult{err: fmt.Errorf("probe of %s: %s: %w", r.label, m.Name, err)}
 			}
-			versions[keyString(m.Namespace, m.Name)] = v
+			versions[store.Key(m.Namespace, m.Name)] = v
 		}
 		return probeResult{rv: rv, versions: versions}
 	}, nil
@@ -166,7 +168,7 @@ func (r *informer) metadataProbe(cfg *rest.Config) (func(context.Context) probeR
 // awaitCurrent waits, at most until ctx ends, until the Store holds at
 // least the state of res: its RV has reached res.rv or its content is the
 // probed state. It reports whether it does.
-func (s *Store) awaitCurrent(ctx context.Context, res probeResult) bool {
+func awaitCurrent(ctx context.Context, s *store.Store, res probeResult) bool {
 	for {
 		changed, closed := s.Changed()
 		if s.Matches(res.rv, res.versions) {

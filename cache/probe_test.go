@@ -13,6 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // TestProberCoalesces: one probe in flight at a time; the reads that arrive
@@ -99,7 +101,7 @@ func TestProberReaderGivesUp(t *testing.T) {
 }
 
 func TestStoreMatches(t *testing.T) {
-	s := NewStore(attrsFor(fieldLabelsFor(corev1.SchemeGroupVersion.WithResource("services").GroupResource(), true, true), true), nil, nil)
+	s := store.NewStore(store.AttrsFor(store.FieldLabelsFor(corev1.SchemeGroupVersion.WithResource("services").GroupResource(), true, true), true), nil, nil)
 	if s.Matches(0, nil) {
 		t.Error("an unsynced Store matches")
 	}
@@ -288,10 +290,10 @@ func TestProbeBudgetOneTenant(t *testing.T) {
 	tc.services.prober = &prober{list: func(context.Context) probeResult {
 		// kube-apiserver lists the whole scope, as the Store holds it.
 		probes.Add(1)
-		objs, rv := tc.services.store.Snapshot(Predicate{})
+		objs, rv := tc.services.store.Snapshot(store.Predicate{})
 		versions := make(map[string]uint64, len(objs))
 		for _, o := range objs {
-			versions[o.Key()] = o.rv
+			versions[o.Key()] = o.ResourceVersion()
 		}
 		listed.Add(int64(len(versions)))
 		return probeResult{rv: rv, versions: versions}

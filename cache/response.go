@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // Lists are compressed as kube-apiserver compresses its responses: with
@@ -63,22 +65,22 @@ func (l *compressedLists) generation() uint64 {
 // gzipList is one compressed list body. gz and err are set once, by the
 // request that added the entry, before ready is closed.
 type gzipList struct {
-	media mediaType
+	media store.MediaType
 	rv    uint64
-	objs  []*Object
+	objs  []*store.Object
 
 	ready chan struct{}
 	gz    []byte
 	err   error
 }
 
-func (e *gzipList) matches(media mediaType, objs []*Object, rv uint64) bool {
+func (e *gzipList) matches(media store.MediaType, objs []*store.Object, rv uint64) bool {
 	return e.media == media && e.rv == rv && slices.Equal(e.objs, objs)
 }
 
 // find returns the entry for objs at rv in media, moved to the front, or
 // nil. l.mu must be held.
-func (l *compressedLists) find(media mediaType, objs []*Object, rv uint64) *gzipList {
+func (l *compressedLists) find(media store.MediaType, objs []*store.Object, rv uint64) *gzipList {
 	for i, e := range l.entries {
 		if e.matches(media, objs, rv) {
 			copy(l.entries[1:i+1], l.entries[:i])
@@ -91,7 +93,7 @@ func (l *compressedLists) find(media mediaType, objs []*Object, rv uint64) *gzip
 
 // lookup returns the compressed body of objs at rv in media if it is kept
 // (waiting for a compression still running).
-func (l *compressedLists) lookup(media mediaType, objs []*Object, rv uint64) ([]byte, bool) {
+func (l *compressedLists) lookup(media store.MediaType, objs []*store.Object, rv uint64) ([]byte, bool) {
 	l.mu.Lock()
 	e := l.find(media, objs, rv)
 	l.mu.Unlock()
@@ -113,7 +115,7 @@ var gzipWriters = sync.Pool{New: func() any {
 // resourceVersion, read under l.mu so that a change's clear always comes
 // after) is no longer rv. Concurrent callers for the same body share one
 // compression.
-func (l *compressedLists) compress(gen uint64, current func() uint64, media mediaType, objs []*Object, rv uint64, b *body) ([]byte, error) {
+func (l *compressedLists) compress(gen uint64, current func() uint64, media store.MediaType, objs []*store.Object, rv uint64, b *store.Body) ([]byte, error) {
 	l.mu.Lock()
 	e := l.find(media, objs, rv)
 	if e != nil {
@@ -143,15 +145,15 @@ func (l *compressedLists) compress(gen uint64, current func() uint64, media medi
 
 // fill compresses b into e and then closes e.ready, whatever happens, so
 // that no waiter is left blocked.
-func (e *gzipList) fill(b *body) {
+func (e *gzipList) fill(b *store.Body) {
 	defer close(e.ready)
 	// Waiters see this if compressing panics.
 	e.err = errors.New("list compression did not finish")
 	var buf bytes.Buffer
-	buf.Grow(b.size() / 4)
+	buf.Grow(b.Size() / 4)
 	zw := gzipWriters.Get().(*gzip.Writer)
 	zw.Reset(&buf)
-	err := b.writeTo(zw)
+	err := b.WriteAll(zw)
 	if err == nil {
 		err = zw.Close()
 	}

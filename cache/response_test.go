@@ -13,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/endpoints/request"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // serveRaw sends a GET through tc's handler and returns the recorder, so
@@ -222,8 +224,8 @@ func TestCompressedListOutdatedNotKept(t *testing.T) {
 	tc := newHandlerCache(t)
 	fillLargePods(t, tc, 200, "1000")
 	res := tc.pods
-	objs, rv := res.store.Snapshot(Predicate{})
-	b, err := res.encoder.list(mediaJSON, objs, rv)
+	objs, rv := res.store.Snapshot(store.Predicate{})
+	b, err := res.encoder.List(store.MediaJSON, objs, rv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +238,7 @@ func TestCompressedListOutdatedNotKept(t *testing.T) {
 		{"cleared since the snapshot", res.gzipped.generation() + 1, current},
 		{"resourceVersion moved on", res.gzipped.generation(), func() uint64 { return rv + 1 }},
 	} {
-		gz, err := res.gzipped.compress(tt.gen, tt.current, mediaJSON, objs, rv, b)
+		gz, err := res.gzipped.compress(tt.gen, tt.current, store.MediaJSON, objs, rv, b)
 		if err != nil || len(gz) == 0 {
 			t.Fatalf("%s: %v, %d bytes", tt.name, err, len(gz))
 		}
@@ -244,7 +246,7 @@ func TestCompressedListOutdatedNotKept(t *testing.T) {
 			t.Errorf("%s: %d bodies kept, want 0", tt.name, n)
 		}
 	}
-	if _, err := res.gzipped.compress(res.gzipped.generation(), current, mediaJSON, objs, rv, b); err != nil || len(res.gzipped.entries) != 1 {
+	if _, err := res.gzipped.compress(res.gzipped.generation(), current, store.MediaJSON, objs, rv, b); err != nil || len(res.gzipped.entries) != 1 {
 		t.Errorf("current snapshot: %v, %d bodies kept, want 1", err, len(res.gzipped.entries))
 	}
 	// A change clears it.

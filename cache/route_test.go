@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/kube-apicache/kube-apicache/cache/access"
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // TestHandlerRoutes: paths that RequestInfo parses but kube-apiserver has no
@@ -34,9 +35,9 @@ func TestHandlerRoutes(t *testing.T) {
 		gvr := corev1.SchemeGroupVersion.WithResource(r.spec.Resource)
 		namespaced := r.spec.Resource != "namespaces"
 		r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind(kinds[r.spec.Resource]), namespaced, true
-		r.fields = fieldLabelsFor(gvr.GroupResource(), true, namespaced)
-		r.store = NewStore(attrsFor(r.fields, namespaced), r.prepare, nil)
-		r.encoder = newEncoder(r.gvk, true)
+		r.fields = store.FieldLabelsFor(gvr.GroupResource(), true, namespaced)
+		r.store = store.NewStore(store.AttrsFor(r.fields, namespaced), r.prepare, nil)
+		r.encoder = store.NewEncoder(r.gvk, true)
 		r.ready.Store(true)
 		r.watchState.Store(1<<1 | 1)
 	}
@@ -196,7 +197,7 @@ func protobufListBody(t *testing.T, apiVersion, kind string, list interface{ Mar
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(protobufMagic) + string(env)
+	return string(store.ProtobufMagic) + string(env)
 }
 
 // TestEmptyDeleteCollection: with --cache-consistent-reads=local-writes, a

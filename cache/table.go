@@ -12,6 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 var tableGVK = metav1.SchemeGroupVersion.WithKind("Table")
@@ -44,7 +46,7 @@ func table(ctx context.Context, p *plan, obj runtime.Object) (*metav1.Table, err
 		switch p.tableOpts.IncludeObject {
 		case metav1.IncludeObject:
 		case metav1.IncludeMetadata, "":
-			pm, err := asPartialObjectMetadata(row.Object.Object)
+			pm, err := store.AsPartialObjectMetadata(row.Object.Object)
 			if err != nil {
 				return nil, err
 			}
@@ -80,9 +82,16 @@ func (c *Cache) serveTable(w http.ResponseWriter, r *http.Request, p *plan) {
 		list.SetGroupVersionKind(res.gvk.GroupVersion().WithKind(res.gvk.Kind + "List"))
 		list.SetResourceVersion(fmt.Sprint(rv))
 		for _, o := range objs {
-			u, ok := o.obj.(*unstructured.Unstructured)
+			// A custom resource's Object keeps its decoded object, which
+			// Decoded returns as it is.
+			d, err := o.Decoded()
+			if err != nil {
+				c.encodingFailed(w, r, res, err)
+				return
+			}
+			u, ok := d.(*unstructured.Unstructured)
 			if !ok {
-				c.encodingFailed(w, r, res, fmt.Errorf("unexpected cached type %T", o.obj))
+				c.encodingFailed(w, r, res, fmt.Errorf("unexpected cached type %T", d))
 				return
 			}
 			// A shallow copy: the row only reads the shared content.
@@ -99,7 +108,7 @@ func (c *Cache) serveTable(w http.ResponseWriter, r *http.Request, p *plan) {
 		c.encodingFailed(w, r, res, err)
 		return
 	}
-	b, err := res.encoder.encodeJSON(t)
+	b, err := res.encoder.EncodeJSON(t)
 	if err != nil {
 		c.encodingFailed(w, r, res, err)
 		return

@@ -20,6 +20,8 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 var widgets = schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}
@@ -70,12 +72,12 @@ func testCustomCache(t *testing.T, crd *apiextensionsv1.CustomResourceDefinition
 	c.crds.synced = true
 	r := testInformer(c.resources[0])
 	r.gvr, r.gvk, r.namespaced = widgets, widgets.GroupVersion().WithKind("Widget"), true
-	r.fields = fieldLabelsFor(widgets.GroupResource(), false, true)
+	r.fields = store.FieldLabelsFor(widgets.GroupResource(), false, true)
 	if err := r.resolveCRD(); err != nil {
 		t.Fatal(err)
 	}
-	r.encoder = newEncoder(r.gvk, false)
-	r.store = NewStore(attrsFor(r.fields, true), r.prepare, nil)
+	r.encoder = store.NewEncoder(r.gvk, false)
+	r.store = store.NewStore(store.AttrsFor(r.fields, true), r.prepare, nil)
 	items := make([]any, 0, len(objs))
 	for _, o := range objs {
 		items = append(items, o.DeepCopy())

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"time"
@@ -8,10 +9,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // Watches of a cached scope are served from the Store's event history
-// (history.go), as kube-apiserver's cacher serves them from its watch
+// (store/history.go), as kube-apiserver's cacher serves them from its watch
 // cache: the initial events (a watch-list, or a legacy watch from "0" or
 // unset) from a snapshot, then every event after it that the watch's
 // selectors see, converted as the cacher converts them, with periodic
@@ -71,27 +74,29 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 		c.encodingFailed(w, r, res, err)
 		return
 	}
-	var objs []*Object
+	var objs []*store.Object
 	var from uint64
-	var cur cursor
+	var cur store.Cursor
 	switch {
 	case p.initialEvents:
-		var all []*Object
-		all, from, cur = st.snapshotForWatch()
-		objs = make([]*Object, 0, len(all))
+		var all []*store.Object
+		all, from, cur = st.SnapshotForWatch()
+		objs = make([]*store.Object, 0, len(all))
 		for _, o := range all {
-			if p.pred.matches(st.attrs, o) {
+			if st.Selects(p.pred, o) {
 				objs = append(objs, o)
 			}
 		}
 	case p.fromRV:
 		from = p.minRV
-		if cur, err = st.watchFrom(from); err != nil {
+		var floor uint64
+		var ok bool
+		if cur, floor, ok = st.WatchFrom(from); !ok {
 			// kube-apiserver answers a watch it has authorized and whose
 			// resourceVersion it parsed with a stream holding one ERROR
 			// event, not with an HTTP error.
 			c.metrics.watchEnded(res.label, endTooOld)
-			b, encErr := embed(p.media, statusOf(err), res.encoder)
+			b, encErr := store.Embed(p.media, statusOf(tooOld(from, floor)), res.encoder)
 			if encErr != nil {
 				c.encodingFailed(w, r, res, encErr)
 				return
@@ -102,7 +107,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 			return
 		}
 	default:
-		from, cur = st.currentCursor()
+		from, cur = st.CurrentCursor()
 	}
 	// Encode every initial object before writing anything, so an
 	// encoding error is still an HTTP error. The encodings are kept with
@@ -176,43 +181,43 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 	// seen is the RV up to which the watch has seen every event (sent it,
 	// or found that its selectors do not see it): a bookmark's RV.
 	seen := from
-	buf := make([]*event, 0, watchBatch)
+	buf := make([]*store.Event, 0, watchBatch)
 	for {
 		if r.Context().Err() != nil {
 			return
 		}
-		evs, next, storeRV, changed, state := st.next(cur, buf[:0], watchBatch)
+		evs, next, storeRV, changed, state := st.Next(cur, buf[:0], watchBatch)
 		switch state {
-		case cursorReplaced:
+		case store.CursorReplaced:
 			// Ended once the informer's new watch is open (bounded), so
 			// that the client's next watch is served from the new window
 			// rather than forwarded.
 			reason = endRelisted
 			c.awaitHealthy(r.Context(), res)
 			return
-		case cursorWentBack:
+		case store.CursorWentBack:
 			// The client's RVs belong to a history the upstream no
 			// longer has: a watch from them would skip events. 410
-			// makes it relist (history.go).
+			// makes it relist (store/history.go).
 			reason = endWentBack
 			logger.V(2).Info("Ended a watch: the resource's resourceVersion went back", "resource", res.label, "resourceVersion", seen)
-			if b, err := embed(p.media, statusOf(apierrors.NewResourceExpired(
+			if b, err := store.Embed(p.media, statusOf(apierrors.NewResourceExpired(
 				"the resource's history was replaced by an older one (its resourceVersion went back): list again")), res.encoder); err == nil {
 				_ = ww.event(watch.Error, b)
 				_ = ww.flushErr()
 			}
 			return
-		case cursorBehind:
+		case store.CursorBehind:
 			reason = endSlow
 			logger.V(2).Info("Ended a watch that fell behind the event window", "resource", res.label, "resourceVersion", seen)
 			return
-		case cursorClosed:
+		case store.CursorClosed:
 			reason = endStopped
 			return
 		}
 		cur = next
 		for _, e := range evs {
-			if e.rv <= from {
+			if e.ResourceVersion() <= from {
 				// A watch from an RV the Store has not reached yet.
 				continue
 			}
@@ -233,7 +238,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 				}
 				c.metrics.eventSent(res.label)
 			}
-			seen = e.rv
+			seen = e.ResourceVersion()
 		}
 		behind := len(evs) == watchBatch
 		if !behind {
@@ -292,6 +297,12 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 	}
 }
 
+// tooOld is kube-apiserver's answer to a watch from an RV its window has
+// moved past.
+func tooOld(rv, floor uint64) error {
+	return apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", rv, floor))
+}
+
 // writeEndReason is why a watch whose write failed ended: a write that
 // timed out is a client that stopped reading.
 func writeEndReason(err error) string {
@@ -306,25 +317,25 @@ func writeEndReason(err error) string {
 // selectors, MODIFIED while it stays in them, DELETED when it leaves them
 // (the previous state, at the event's resourceVersion) or is deleted
 // while in them; a nil object when the watch does not see e.
-func (c *Cache) convert(p *plan, e *event) (watch.EventType, *Object, error) {
+func (c *Cache) convert(p *plan, e *store.Event) (watch.EventType, *store.Object, error) {
 	st := p.res.store
-	if e.typ == watch.Deleted {
+	if e.Type() == watch.Deleted {
 		// The upstream watch sent the deleted object as kube-apiserver
 		// sends it: its last state at the deletion's resourceVersion.
-		if p.pred.matches(st.attrs, e.obj) {
-			return watch.Deleted, e.obj, nil
+		if st.Selects(p.pred, e.Object()) {
+			return watch.Deleted, e.Object(), nil
 		}
 		return "", nil, nil
 	}
-	now := p.pred.matches(st.attrs, e.obj)
-	before := e.prev != nil && p.pred.matches(st.attrs, e.prev)
+	now := st.Selects(p.pred, e.Object())
+	before := e.Prev() != nil && st.Selects(p.pred, e.Prev())
 	switch {
 	case now && before:
-		return watch.Modified, e.obj, nil
+		return watch.Modified, e.Object(), nil
 	case now:
-		return watch.Added, e.obj, nil
+		return watch.Added, e.Object(), nil
 	case before:
-		o, err := st.deletedAt(e)
+		o, err := st.DeletedAt(e)
 		return watch.Deleted, o, err
 	}
 	return "", nil, nil

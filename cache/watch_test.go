@@ -25,6 +25,8 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 func mustDo(t *testing.T, err error) {
@@ -78,7 +80,7 @@ func labeled(name, rv, app string) *corev1.Pod {
 // leaving them DELETED with its previous state at the event's RV).
 func TestWatchFormsFromHistory(t *testing.T) {
 	fastBookmarks(t, time.Hour)
-	changes := func(t *testing.T, st *Store) {
+	changes := func(t *testing.T, st *store.Store) {
 		mustDo(t, st.Update(labeled("a", "101", "y"))) // a leaves app=x
 		mustDo(t, st.Update(labeled("b", "102", "x"))) // b enters app=x
 		mustDo(t, st.Add(labeled("c", "103", "x")))    // c is created in app=x
@@ -200,9 +202,7 @@ func TestWatchTooOld(t *testing.T) {
 	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, cfg := testCache(t, up, wlPod("a", "80"))
 	st := c.resources[0].current.Load().store
-	st.mu.Lock()
-	st.hist.maxEvents = 2
-	st.mu.Unlock()
+	st.SetHistoryBounds(2, 0)
 	for rv := 101; rv <= 104; rv++ {
 		mustDo(t, st.Update(wlPod("a", fmt.Sprint(rv))))
 	}
@@ -291,9 +291,7 @@ func TestSlowWatcherEnded(t *testing.T) {
 	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, cfg := testCache(t, up, wlPod("a", "80"))
 	st := c.resources[0].current.Load().store
-	st.mu.Lock()
-	st.hist.maxBytes = 64 << 20 // every event stays in the window
-	st.mu.Unlock()
+	st.SetHistoryBounds(0, 64<<20) // every event stays in the window
 	srv := h2Server(t, c, up, nil)
 	q := url.Values{"watch": {"true"}, "fieldSelector": {"spec.nodeName=node-a"}, "resourceVersion": {"100"}}
 	stuckReq, _ := http.NewRequest(http.MethodGet, srv.URL+"/api/v1/pods?"+q.Encode(), nil)
@@ -444,9 +442,7 @@ func TestWatchBehindEndsAtTimeout(t *testing.T) {
 	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
 	c, _ := testCache(t, up, wlPod("a", "80"))
 	st := c.resources[0].current.Load().store
-	st.mu.Lock()
-	st.hist.maxBytes = 64 << 20
-	st.mu.Unlock()
+	st.SetHistoryBounds(0, 64<<20)
 	const backlog = 5000
 	for i := range backlog {
 		mustDo(t, st.Update(wlPod("a", fmt.Sprint(101+i))))
@@ -535,10 +531,10 @@ func TestWatchBookmarkRepeatsLastEvent(t *testing.T) {
 func TestWatchRVWentBack(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		goBack func(st *Store) error
+		goBack func(st *store.Store) error
 	}{
-		{"an older event", func(st *Store) error { return st.Update(wlPod("a", "120")) }},
-		{"an older list", func(st *Store) error { return st.Replace([]any{wlPod("a", "110")}, "120") }},
+		{"an older event", func(st *store.Store) error { return st.Update(wlPod("a", "120")) }},
+		{"an older list", func(st *store.Store) error { return st.Replace([]any{wlPod("a", "110")}, "120") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}

@@ -18,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/scheme"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // Reasons a watch is forwarded.
@@ -72,38 +74,38 @@ func (c *Cache) classifyWatch(p *plan, opts *metainternalversion.ListOptions) (*
 
 // prepareEvent encodes o as eventObject needs it, and keeps the encoding
 // with o.
-func (c *Cache) prepareEvent(p *plan, o *Object) error {
+func (c *Cache) prepareEvent(p *plan, o *store.Object) error {
 	enc := p.res.encoder
 	var err error
 	switch {
 	case p.as == asMetadata:
-		_, err = enc.metadataObject(p.media, o)
-	case p.media == mediaProtobuf:
-		_, err = enc.objectProtobuf(o)
+		_, err = enc.MetadataObject(p.media, o)
+	case p.media == store.MediaProtobuf:
+		_, err = enc.ObjectProtobuf(o)
 	default:
-		_, err = enc.objectJSON(o)
+		_, err = enc.ObjectJSON(o)
 	}
 	return err
 }
 
 // eventObject is o's embedded form in a watch event of p's encoding.
-func (c *Cache) eventObject(p *plan, o *Object) ([]byte, error) {
+func (c *Cache) eventObject(p *plan, o *store.Object) ([]byte, error) {
 	enc := p.res.encoder
 	if p.as == asMetadata {
-		b, err := enc.metadataObject(p.media, o)
+		b, err := enc.MetadataObject(p.media, o)
 		if err != nil {
 			return nil, err
 		}
-		return b.bytes(), nil
+		return b.Bytes(), nil
 	}
-	if p.media == mediaProtobuf {
-		b, err := enc.object(mediaProtobuf, o)
+	if p.media == store.MediaProtobuf {
+		b, err := enc.Object(store.MediaProtobuf, o)
 		if err != nil {
 			return nil, err
 		}
-		return b.bytes(), nil
+		return b.Bytes(), nil
 	}
-	return enc.objectJSON(o)
+	return enc.ObjectJSON(o)
 }
 
 // bookmarkObject is a bookmark's object at rv, as kube-apiserver's watch
@@ -134,39 +136,13 @@ func (c *Cache) bookmarkObject(p *plan, rv uint64, initialEventsEnd bool) ([]byt
 	}
 	obj.GetObjectKind().SetGroupVersionKind(res.gvk)
 	if p.as == asMetadata {
-		pm, err := asPartialObjectMetadata(obj)
+		pm, err := store.AsPartialObjectMetadata(obj)
 		if err != nil {
 			return nil, err
 		}
 		obj = pm
 	}
-	return embed(p.media, obj, res.encoder)
-}
-
-// embed encodes obj as an object embedded in a watch event: JSON with kind
-// and apiVersion, or kube-apiserver's protobuf envelope.
-func embed(m mediaType, obj runtime.Object, enc *encoder) ([]byte, error) {
-	if m == mediaProtobuf {
-		raw, err := encodeProtobuf(obj)
-		if err != nil {
-			return nil, err
-		}
-		gvk := obj.GetObjectKind().GroupVersionKind()
-		return envelope(gvk.GroupVersion().String(), gvk.Kind, &body{parts: [][]byte{raw}}).bytes(), nil
-	}
-	return enc.encodeJSON(obj)
-}
-
-// bytes returns the body as one slice.
-func (b *body) bytes() []byte {
-	if len(b.parts) == 1 {
-		return b.parts[0]
-	}
-	out := make([]byte, 0, b.size())
-	for _, p := range b.parts {
-		out = append(out, p...)
-	}
-	return out
+	return store.Embed(p.media, obj, res.encoder)
 }
 
 // watchWriter writes watch events as kube-apiserver frames them, with
@@ -216,13 +192,13 @@ func (d *deadlineWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-func newWatchWriter(w http.ResponseWriter, m mediaType) (*watchWriter, error) {
-	info, ok := runtime.SerializerInfoForMediaType(scheme.Codecs.SupportedMediaTypes(), m.contentType())
+func newWatchWriter(w http.ResponseWriter, m store.MediaType) (*watchWriter, error) {
+	info, ok := runtime.SerializerInfoForMediaType(scheme.Codecs.SupportedMediaTypes(), m.ContentType())
 	if !ok || info.StreamSerializer == nil {
-		return nil, fmt.Errorf("no stream serializer for %s", m.contentType())
+		return nil, fmt.Errorf("no stream serializer for %s", m.ContentType())
 	}
-	ct := m.contentType()
-	if m != mediaJSON {
+	ct := m.ContentType()
+	if m != store.MediaJSON {
 		ct += ";stream=watch"
 	}
 	out := &deadlineWriter{w: w, timeout: initialEventsWriteTimeout}

@@ -31,6 +31,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/kube-apicache/kube-apicache/cache/access"
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // fakeReviewer allows every request and records the verbs it reviewed.
@@ -82,9 +83,9 @@ func testCache(t *testing.T, up http.Handler, pods ...*corev1.Pod) (*Cache, *res
 	r := testInformer(c.resources[0])
 	gvr := schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 	r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind("Pod"), true, true
-	r.fields = fieldLabelsFor(gvr.GroupResource(), true, true)
-	r.encoder = newEncoder(r.gvk, true)
-	r.store = NewStore(attrsFor(r.fields, true), r.prepare, nil)
+	r.fields = store.FieldLabelsFor(gvr.GroupResource(), true, true)
+	r.encoder = store.NewEncoder(r.gvk, true)
+	r.store = store.NewStore(store.AttrsFor(r.fields, true), r.prepare, nil)
 	items := make([]any, 0, len(pods))
 	for _, p := range pods {
 		items = append(items, p.DeepCopy())
@@ -415,7 +416,7 @@ func TestMetadataFromCache(t *testing.T) {
 	}
 	raw, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	want.SetGroupVersionKind(metadataGVK)
+	want.SetGroupVersionKind(store.MetadataGVK)
 	if refBytes, _ := json.Marshal(want); !bytes.Equal(bytes.TrimSpace(raw), refBytes) || resp.Header.Get("Content-Type") != "application/json" {
 		t.Errorf("JSON get: %s %s, want %s", resp.Header.Get("Content-Type"), raw, refBytes)
 	}
@@ -423,17 +424,21 @@ func TestMetadataFromCache(t *testing.T) {
 	// The JSON list is the serializer's encoding of the whole list.
 	res := c.resources[0].current.Load()
 	for _, n := range []int{0, 2} {
-		objs, rv := res.store.Snapshot(Predicate{})
+		objs, rv := res.store.Snapshot(store.Predicate{})
 		objs = objs[:n]
-		b := body2bytes(t, func() (*body, error) { return res.encoder.metadataList(mediaJSON, objs, rv) })
+		list, err := res.encoder.MetadataList(store.MediaJSON, objs, rv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := list.Bytes()
 		ref := &metav1.PartialObjectMetadataList{ListMeta: metav1.ListMeta{ResourceVersion: strconv.FormatUint(rv, 10)}}
-		ref.SetGroupVersionKind(metadataListGVK)
+		ref.SetGroupVersionKind(store.MetadataListGVK)
 		for _, o := range objs {
 			obj, err := o.Decoded()
 			if err != nil {
 				t.Fatal(err)
 			}
-			pm, _ := asPartialObjectMetadata(obj)
+			pm, _ := store.AsPartialObjectMetadata(obj)
 			ref.Items = append(ref.Items, *pm)
 		}
 		refBytes, err := json.Marshal(ref)
@@ -458,16 +463,16 @@ func TestNegotiateTransform(t *testing.T) {
 		accept     string
 		builtin    bool
 		verb       string
-		wantMedia  mediaType
+		wantMedia  store.MediaType
 		wantAs     transform
 		wantReason string
 	}{
-		{metaJSON, true, "get", mediaJSON, asMetadata, ""},
-		{metaJSON, false, "watch", mediaJSON, asMetadata, ""},
+		{metaJSON, true, "get", store.MediaJSON, asMetadata, ""},
+		{metaJSON, false, "watch", store.MediaJSON, asMetadata, ""},
 		{metaJSON, true, "list", 0, 0, reasonTransform},
-		{metaListP, false, "list", mediaProtobuf, asMetadata, ""},
+		{metaListP, false, "list", store.MediaProtobuf, asMetadata, ""},
 		{metaListP, true, "get", 0, 0, reasonTransform},
-		{tableV1, false, "list", mediaJSON, asTable, ""},
+		{tableV1, false, "list", store.MediaJSON, asTable, ""},
 		{tableV1, true, "list", 0, 0, reasonTableBuiltin},
 		{tableV1, false, "watch", 0, 0, reasonTransform},
 		{"application/json;as=Table;v=v1beta1;g=meta.k8s.io", false, "get", 0, 0, reasonTransform},

@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 func groupResource(info *request.RequestInfo) schema.GroupResource {
@@ -120,7 +122,7 @@ func (c *Cache) ObserveWrite(resp *http.Response) {
 			"kind", id.kind, "apiVersion", id.apiVersion, "namespace", id.namespace, "name", id.name)
 		return
 	}
-	rv, err := ParseResourceVersion(id.rv)
+	rv, err := store.ParseResourceVersion(id.rv)
 	if err != nil {
 		r.noteWrite(0, false, now, until)
 		return
@@ -344,11 +346,11 @@ func protobufCollection(b []byte) (objectIdentity, int, bool) {
 // identity from TypeMeta (apiVersion 1, kind 2) in field 1, and the raw
 // object in field 2.
 func protobufEnvelope(b []byte) (id objectIdentity, raw []byte, ok bool) {
-	if !bytes.HasPrefix(b, protobufMagic) {
+	if !bytes.HasPrefix(b, store.ProtobufMagic) {
 		return objectIdentity{}, nil, false
 	}
 	var typeMeta []byte
-	eachField(b[len(protobufMagic):], func(num protowire.Number, v []byte) {
+	eachField(b[len(store.ProtobufMagic):], func(num protowire.Number, v []byte) {
 		switch num {
 		case 1:
 			typeMeta = v

@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"fmt"
@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 )
 
-// fieldLabels is what kube-apiserver accepts in field selectors for one
+// FieldLabels is what kube-apiserver accepts in field selectors for one
 // resource, and how it matches them.
 //
 // kube-apiserver's handler first converts each requested label with the
@@ -38,31 +38,31 @@ import (
 // objects of a field a newer kube-apiserver added). The cache answers only
 // the labels it knows exactly; TestFieldLabelsMatchKubeAPIServer in the e2e
 // suite checks these tables against a live kube-apiserver.
-type fieldLabels struct {
-	labels map[string]string
-	set    func(runtime.Object) fields.Set
+type FieldLabels struct {
+	Labels map[string]string
+	Set    func(runtime.Object) fields.Set
 }
 
-// errUnknownFieldLabel is returned by convert for a label the cache does
+// ErrUnknownFieldLabel is returned by Convert for a label the cache does
 // not answer.
-type errUnknownFieldLabel string
+type ErrUnknownFieldLabel string
 
-func (e errUnknownFieldLabel) Error() string {
+func (e ErrUnknownFieldLabel) Error() string {
 	return fmt.Sprintf("field label %q is not answered from the cache", string(e))
 }
 
-// convert maps a requested label to the field it selects, as a
+// Convert maps a requested label to the field it selects, as a
 // fields.TransformFunc.
-func (fl fieldLabels) convert(label, value string) (string, string, error) {
-	if f, ok := fl.labels[label]; ok {
+func (fl FieldLabels) Convert(label, value string) (string, string, error) {
+	if f, ok := fl.Labels[label]; ok {
 		return f, value, nil
 	}
-	return "", "", errUnknownFieldLabel(label)
+	return "", "", ErrUnknownFieldLabel(label)
 }
 
-// known reports whether the cache answers label.
-func (fl fieldLabels) known(label string) bool {
-	_, ok := fl.labels[label]
+// Known reports whether the cache answers label.
+func (fl FieldLabels) Known(label string) bool {
+	_, ok := fl.Labels[label]
 	return ok
 }
 
@@ -89,15 +89,15 @@ var metadataLabels = accept("metadata.name", "metadata.namespace")
 // coordination leasecandidates have registry fields (status.replicas,
 // spec.leaseName) that no served version's conversion accepts, so they are
 // metadata-only here as they are in kube-apiserver.
-var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
+var builtinFieldLabels = map[schema.GroupResource]FieldLabels{
 	{Resource: "pods"}: {
-		labels: withAliases(accept("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
+		Labels: withAliases(accept("metadata.name", "metadata.namespace", "spec.nodeName", "spec.restartPolicy",
 			"spec.schedulerName", "spec.serviceAccountName", "spec.hostNetwork", "status.phase",
 			"status.podIP", "status.podIPs", "status.nominatedNodeName"),
 			"spec.host", "spec.nodeName"), // old clients
 		// status.podIPs is accepted but has no value in the registry's
 		// set, so it matches as the empty string.
-		set: func(obj runtime.Object) fields.Set {
+		Set: func(obj runtime.Object) fields.Set {
 			pod, ok := obj.(*corev1.Pod)
 			if !ok {
 				return fields.Set{}
@@ -119,8 +119,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Resource: "nodes"}: {
-		labels: accept("metadata.name", "spec.unschedulable"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "spec.unschedulable"),
+		Set: func(obj runtime.Object) fields.Set {
 			node, ok := obj.(*corev1.Node)
 			if !ok {
 				return fields.Set{}
@@ -129,8 +129,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Resource: "namespaces"}: {
-		labels: accept("metadata.name", "status.phase"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "status.phase"),
+		Set: func(obj runtime.Object) fields.Set {
 			ns, ok := obj.(*corev1.Namespace)
 			if !ok {
 				return fields.Set{}
@@ -139,8 +139,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Resource: "services"}: {
-		labels: accept("metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "metadata.namespace", "spec.clusterIP", "spec.type"),
+		Set: func(obj runtime.Object) fields.Set {
 			svc, ok := obj.(*corev1.Service)
 			if !ok {
 				return fields.Set{}
@@ -149,8 +149,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Resource: "secrets"}: {
-		labels: accept("metadata.name", "metadata.namespace", "type"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "metadata.namespace", "type"),
+		Set: func(obj runtime.Object) fields.Set {
 			s, ok := obj.(*corev1.Secret)
 			if !ok {
 				return fields.Set{}
@@ -159,8 +159,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Resource: "replicationcontrollers"}: {
-		labels: accept("metadata.name", "metadata.namespace", "status.replicas"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "metadata.namespace", "status.replicas"),
+		Set: func(obj runtime.Object) fields.Set {
 			rc, ok := obj.(*corev1.ReplicationController)
 			if !ok {
 				return fields.Set{}
@@ -169,11 +169,11 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Resource: "events"}: {
-		labels: accept("metadata.name", "metadata.namespace", "involvedObject.kind", "involvedObject.namespace",
+		Labels: accept("metadata.name", "metadata.namespace", "involvedObject.kind", "involvedObject.namespace",
 			"involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
 			"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent",
 			"source", "type"),
-		set: func(obj runtime.Object) fields.Set {
+		Set: func(obj runtime.Object) fields.Set {
 			ev, ok := obj.(*corev1.Event)
 			if !ok {
 				return fields.Set{}
@@ -190,7 +190,7 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 	{Group: "events.k8s.io", Resource: "events"}: {
 		// The same registry as core events: its labels are converted to
 		// the core field names.
-		labels: map[string]string{
+		Labels: map[string]string{
 			"metadata.name":             "metadata.name",
 			"metadata.namespace":        "metadata.namespace",
 			"reason":                    "reason",
@@ -204,7 +204,7 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 			"regarding.resourceVersion": "involvedObject.resourceVersion",
 			"regarding.fieldPath":       "involvedObject.fieldPath",
 		},
-		set: func(obj runtime.Object) fields.Set {
+		Set: func(obj runtime.Object) fields.Set {
 			ev, ok := obj.(*eventsv1.Event)
 			if !ok {
 				return fields.Set{}
@@ -213,8 +213,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Group: "batch", Resource: "jobs"}: {
-		labels: accept("metadata.name", "metadata.namespace", "status.successful"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "metadata.namespace", "status.successful"),
+		Set: func(obj runtime.Object) fields.Set {
 			job, ok := obj.(*batchv1.Job)
 			if !ok {
 				return fields.Set{}
@@ -223,8 +223,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Group: "certificates.k8s.io", Resource: "certificatesigningrequests"}: {
-		labels: accept("metadata.name", "spec.signerName"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "spec.signerName"),
+		Set: func(obj runtime.Object) fields.Set {
 			switch csr := obj.(type) {
 			case *certificatesv1.CertificateSigningRequest:
 				return fields.Set{"spec.signerName": csr.Spec.SignerName}
@@ -239,8 +239,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Group: "certificates.k8s.io", Resource: "clustertrustbundles"}: {
-		labels: accept("metadata.name", "spec.signerName"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "spec.signerName"),
+		Set: func(obj runtime.Object) fields.Set {
 			switch b := obj.(type) {
 			case *certificatesv1beta1.ClusterTrustBundle:
 				return fields.Set{"spec.signerName": b.Spec.SignerName}
@@ -252,8 +252,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 	},
 	{Group: "certificates.k8s.io", Resource: "podcertificaterequests"}: {
 		// Namespaced, yet its conversion accepts no metadata.namespace.
-		labels: accept("metadata.name", "spec.signerName", "spec.podName", "spec.nodeName"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "spec.signerName", "spec.podName", "spec.nodeName"),
+		Set: func(obj runtime.Object) fields.Set {
 			switch r := obj.(type) {
 			case *certificatesv1beta1.PodCertificateRequest:
 				return fields.Set{"spec.signerName": r.Spec.SignerName, "spec.podName": r.Spec.PodName,
@@ -263,8 +263,8 @@ var builtinFieldLabels = map[schema.GroupResource]fieldLabels{
 		},
 	},
 	{Group: "resource.k8s.io", Resource: "resourceslices"}: {
-		labels: accept("metadata.name", "spec.nodeName", "spec.driver"),
-		set: func(obj runtime.Object) fields.Set {
+		Labels: accept("metadata.name", "spec.nodeName", "spec.driver"),
+		Set: func(obj runtime.Object) fields.Set {
 			var node *string
 			var driver string
 			switch s := obj.(type) {
@@ -312,45 +312,45 @@ func eventFields(ref corev1.ObjectReference, reason, reportingController, typ st
 	}
 }
 
-// fieldLabelsFor returns the field labels of gr. Built-in resources not
+// FieldLabelsFor returns the field labels of gr. Built-in resources not
 // listed above accept the metadata fields only; custom resources accept
 // metadata.name (and metadata.namespace when namespaced), to which
 // crdFieldLabels adds their selectable fields.
-func fieldLabelsFor(gr schema.GroupResource, builtin, namespaced bool) fieldLabels {
+func FieldLabelsFor(gr schema.GroupResource, builtin, namespaced bool) FieldLabels {
 	if fl, ok := builtinFieldLabels[gr]; ok {
 		return fl
 	}
 	if builtin {
-		return fieldLabels{labels: metadataLabels}
+		return FieldLabels{Labels: metadataLabels}
 	}
 	if namespaced {
-		return fieldLabels{labels: accept("metadata.name", "metadata.namespace")}
+		return FieldLabels{Labels: accept("metadata.name", "metadata.namespace")}
 	}
-	return fieldLabels{labels: accept("metadata.name")}
+	return FieldLabels{Labels: accept("metadata.name")}
 }
 
 // BuiltinFieldLabels returns the field labels the cache answers for a
 // built-in resource, for tests that compare them with kube-apiserver.
 func BuiltinFieldLabels(gr schema.GroupResource) []string {
-	fl := fieldLabelsFor(gr, true, true)
-	out := make([]string, 0, len(fl.labels))
-	for l := range fl.labels {
+	fl := FieldLabelsFor(gr, true, true)
+	out := make([]string, 0, len(fl.Labels))
+	for l := range fl.Labels {
 		out = append(out, l)
 	}
 	return out
 }
 
-// attrsFor returns the AttrsFunc of a resource: labels, the metadata
+// AttrsFor returns the AttrsFunc of a resource: labels, the metadata
 // fields (metadata.namespace only for namespaced resources) and fl's own.
-func attrsFor(fl fieldLabels, namespaced bool) AttrsFunc {
+func AttrsFor(fl FieldLabels, namespaced bool) AttrsFunc {
 	return func(obj runtime.Object) (labels.Set, fields.Set, error) {
 		m, err := meta.Accessor(obj)
 		if err != nil {
 			return nil, nil, err
 		}
 		set := fields.Set{}
-		if fl.set != nil {
-			set = fl.set(obj)
+		if fl.Set != nil {
+			set = fl.Set(obj)
 		}
 		set["metadata.name"] = m.GetName()
 		if namespaced {

@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"testing"
@@ -58,20 +58,20 @@ func TestFieldLabels(t *testing.T) {
 		{schema.GroupResource{Resource: "nodes"}, false, &corev1.Node{ObjectMeta: om, Spec: corev1.NodeSpec{Unschedulable: true}}, "spec.unschedulable=true", false, true},
 		{schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceslices"}, false, &resourcev1.ResourceSlice{ObjectMeta: om, Spec: resourcev1.ResourceSliceSpec{Driver: "d"}}, "spec.nodeName=,spec.driver=d", false, true},
 	} {
-		fl := fieldLabelsFor(tc.gr, true, tc.namespaced)
+		fl := FieldLabelsFor(tc.gr, true, tc.namespaced)
 		sel, err := fields.ParseSelector(tc.selector)
 		if err != nil {
 			t.Fatal(err)
 		}
-		converted, err := sel.Transform(fl.convert)
-		if _, unknown := err.(errUnknownFieldLabel); unknown != tc.unknown || (err != nil && !unknown) {
+		converted, err := sel.Transform(fl.Convert)
+		if _, unknown := err.(ErrUnknownFieldLabel); unknown != tc.unknown || (err != nil && !unknown) {
 			t.Errorf("%s %q: conversion error %v, want unknown=%v", tc.gr, tc.selector, err, tc.unknown)
 			continue
 		}
 		if tc.unknown {
 			continue
 		}
-		_, set, err := attrsFor(fl, tc.namespaced)(tc.obj)
+		_, set, err := AttrsFor(fl, tc.namespaced)(tc.obj)
 		if err != nil {
 			t.Fatal(err)
 		}

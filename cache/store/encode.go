@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"bytes"
@@ -14,27 +14,28 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
-// mediaType is a response encoding the cache writes itself.
-type mediaType int
+// MediaType is a response encoding the cache writes itself.
+type MediaType int
 
 const (
-	mediaJSON mediaType = iota
-	mediaProtobuf
+	MediaJSON MediaType = iota
+	MediaProtobuf
 )
 
-func (m mediaType) contentType() string {
-	if m == mediaProtobuf {
+// ContentType is m's Content-Type.
+func (m MediaType) ContentType() string {
+	if m == MediaProtobuf {
 		return runtime.ContentTypeProtobuf
 	}
 	return runtime.ContentTypeJSON
 }
 
-// protobufMagic starts every kube-apiserver protobuf body.
-var protobufMagic = []byte{0x6b, 0x38, 0x73, 0x00}
+// ProtobufMagic starts every kube-apiserver protobuf body.
+var ProtobufMagic = []byte{0x6b, 0x38, 0x73, 0x00}
 
-// encoder writes one resource's objects and lists exactly as
+// Encoder writes one resource's objects and lists exactly as
 // kube-apiserver's serializers do, from each Object's cached bytes.
-type encoder struct {
+type Encoder struct {
 	gvk     schema.GroupVersionKind
 	builtin bool
 	json    runtime.Encoder
@@ -44,8 +45,10 @@ type encoder struct {
 	itemPrefix []byte
 }
 
-func newEncoder(gvk schema.GroupVersionKind, builtin bool) *encoder {
-	e := &encoder{
+// NewEncoder returns the Encoder of kind gvk; builtin: a type of
+// client-go's scheme, written without kind and apiVersion in lists.
+func NewEncoder(gvk schema.GroupVersionKind, builtin bool) *Encoder {
+	e := &Encoder{
 		gvk:     gvk,
 		builtin: builtin,
 		json:    jsonserializer.NewSerializerWithOptions(jsonserializer.DefaultMetaFactory, scheme.Scheme, scheme.Scheme, jsonserializer.SerializerOptions{}),
@@ -54,7 +57,9 @@ func newEncoder(gvk schema.GroupVersionKind, builtin bool) *encoder {
 	return e
 }
 
-func (e *encoder) encodeJSON(obj runtime.Object) ([]byte, error) {
+// EncodeJSON is obj as kube-apiserver's JSON serializer writes it, less
+// the trailing newline.
+func (e *Encoder) EncodeJSON(obj runtime.Object) ([]byte, error) {
 	var buf bytes.Buffer
 	if err := e.json.Encode(obj, &buf); err != nil {
 		return nil, err
@@ -64,7 +69,8 @@ func (e *encoder) encodeJSON(obj runtime.Object) ([]byte, error) {
 	return bytes.Clone(bytes.TrimSuffix(buf.Bytes(), []byte("\n"))), nil
 }
 
-func encodeProtobuf(obj runtime.Object) ([]byte, error) {
+// EncodeProtobuf is obj's protobuf message (no envelope).
+func EncodeProtobuf(obj runtime.Object) ([]byte, error) {
 	m, ok := obj.(interface{ Marshal() ([]byte, error) })
 	if !ok {
 		return nil, fmt.Errorf("%T has no protobuf encoding", obj)
@@ -72,18 +78,20 @@ func encodeProtobuf(obj runtime.Object) ([]byte, error) {
 	return m.Marshal()
 }
 
-func (e *encoder) objectJSON(o *Object) ([]byte, error) {
-	return o.Encoded(EncodingJSON, e.encodeJSON)
+// ObjectJSON is o's JSON, cached on o.
+func (e *Encoder) ObjectJSON(o *Object) ([]byte, error) {
+	return o.Encoded(EncodingJSON, e.EncodeJSON)
 }
 
-func (e *encoder) objectProtobuf(o *Object) ([]byte, error) {
-	return o.Encoded(EncodingProtobuf, encodeProtobuf)
+// ObjectProtobuf is o's protobuf message, cached on o.
+func (e *Encoder) ObjectProtobuf(o *Object) ([]byte, error) {
+	return o.Encoded(EncodingProtobuf, EncodeProtobuf)
 }
 
 // itemJSON is o as an item of a list: open (nil or "{") followed by rest.
 // Built-in types drop kind and apiVersion; the cached bytes are reused.
-func (e *encoder) itemJSON(o *Object) (open, rest []byte, err error) {
-	b, err := e.objectJSON(o)
+func (e *Encoder) itemJSON(o *Object) (open, rest []byte, err error) {
+	b, err := e.ObjectJSON(o)
 	if err != nil || !e.builtin {
 		return nil, b, err
 	}
@@ -95,16 +103,18 @@ func (e *encoder) itemJSON(o *Object) (open, rest []byte, err error) {
 
 var openBrace = []byte("{")
 
-// body is a response body as the byte slices to write in order: cached
+// Body is a response body as the byte slices to write in order: cached
 // object encodings and small frames around them, never a copy of the
 // objects.
-type body struct {
+type Body struct {
 	parts [][]byte
 }
 
-func (b *body) add(p []byte) { b.parts = append(b.parts, p) }
+// Add appends p to the body.
+func (b *Body) Add(p []byte) { b.parts = append(b.parts, p) }
 
-func (b *body) size() int {
+// Size is the body's length in bytes.
+func (b *Body) Size() int {
 	n := 0
 	for _, p := range b.parts {
 		n += len(p)
@@ -112,8 +122,8 @@ func (b *body) size() int {
 	return n
 }
 
-// writeTo writes the body, stopping at the first error.
-func (b *body) writeTo(w io.Writer) error {
+// WriteAll writes the body, stopping at the first error.
+func (b *Body) WriteAll(w io.Writer) error {
 	for _, p := range b.parts {
 		if _, err := w.Write(p); err != nil {
 			return err
@@ -122,33 +132,45 @@ func (b *body) writeTo(w io.Writer) error {
 	return nil
 }
 
+// Bytes returns the body as one slice.
+func (b *Body) Bytes() []byte {
+	if len(b.parts) == 1 {
+		return b.parts[0]
+	}
+	out := make([]byte, 0, b.Size())
+	for _, p := range b.parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
 var newline = []byte("\n")
 
-// object returns the body of a get of o.
-func (e *encoder) object(m mediaType, o *Object) (*body, error) {
-	if m == mediaProtobuf {
-		raw, err := e.objectProtobuf(o)
+// Object returns the body of a get of o.
+func (e *Encoder) Object(m MediaType, o *Object) (*Body, error) {
+	if m == MediaProtobuf {
+		raw, err := e.ObjectProtobuf(o)
 		if err != nil {
 			return nil, err
 		}
-		return envelope(e.gvk.GroupVersion().String(), e.gvk.Kind, &body{parts: [][]byte{raw}}), nil
+		return Envelope(e.gvk.GroupVersion().String(), e.gvk.Kind, &Body{parts: [][]byte{raw}}), nil
 	}
-	b, err := e.objectJSON(o)
+	b, err := e.ObjectJSON(o)
 	if err != nil {
 		return nil, err
 	}
-	return &body{parts: [][]byte{b, newline}}, nil
+	return &Body{parts: [][]byte{b, newline}}, nil
 }
 
-// list returns the body of a list of objs at rv. Every object is encoded
+// List returns the body of a list of objs at rv. Every object is encoded
 // (or found encoded) before anything is written, so an encoding error never
 // leaves a half-written response.
-func (e *encoder) list(m mediaType, objs []*Object, rv uint64) (*body, error) {
+func (e *Encoder) List(m MediaType, objs []*Object, rv uint64) (*Body, error) {
 	listKind := e.gvk.Kind + "List"
 	apiVersion := e.gvk.GroupVersion().String()
 	listMeta := metav1.ListMeta{ResourceVersion: strconv.FormatUint(rv, 10)}
-	if m == mediaProtobuf {
-		return protobufList(apiVersion, listKind, listMeta, objs, e.objectProtobuf)
+	if m == MediaProtobuf {
+		return protobufList(apiVersion, listKind, listMeta, objs, e.ObjectProtobuf)
 	}
 	head := []byte(`{"kind":` + strconv.Quote(listKind) + `,"apiVersion":` + strconv.Quote(apiVersion) +
 		`,"metadata":{"resourceVersion":` + strconv.Quote(listMeta.ResourceVersion) + `},"items":[`)
@@ -158,14 +180,14 @@ func (e *encoder) list(m mediaType, objs []*Object, rv uint64) (*body, error) {
 // protobufList returns the protobuf body of a list of objs: the list
 // message (listMeta as field 1, then each object as item encodes it as
 // field 2) in the envelope for apiVersion and kind.
-func protobufList(apiVersion, kind string, listMeta metav1.ListMeta, objs []*Object, item func(*Object) ([]byte, error)) (*body, error) {
+func protobufList(apiVersion, kind string, listMeta metav1.ListMeta, objs []*Object, item func(*Object) ([]byte, error)) (*Body, error) {
 	lm, err := listMeta.Marshal()
 	if err != nil {
 		return nil, err
 	}
-	raw := &body{parts: make([][]byte, 0, 1+2*len(objs))}
+	raw := &Body{parts: make([][]byte, 0, 1+2*len(objs))}
 	head := protowire.AppendTag(nil, 1, protowire.BytesType)
-	raw.add(protowire.AppendBytes(head, lm))
+	raw.Add(protowire.AppendBytes(head, lm))
 	// One buffer holds every item's tag and length.
 	tags := make([]byte, 0, 6*len(objs))
 	for _, o := range objs {
@@ -176,19 +198,19 @@ func protobufList(apiVersion, kind string, listMeta metav1.ListMeta, objs []*Obj
 		start := len(tags)
 		tags = protowire.AppendTag(tags, 2, protowire.BytesType)
 		tags = protowire.AppendVarint(tags, uint64(len(b)))
-		raw.add(tags[start:len(tags):len(tags)])
-		raw.add(b)
+		raw.Add(tags[start:len(tags):len(tags)])
+		raw.Add(b)
 	}
-	return envelope(apiVersion, kind, raw), nil
+	return Envelope(apiVersion, kind, raw), nil
 }
 
 // jsonList returns the JSON body of a list of objs: head (the list up to
 // the opening bracket of its items), each object as item encodes it (an
 // optional opening part, then the rest), comma-separated, and the closing
 // "]}" and newline.
-func jsonList(head []byte, objs []*Object, item func(*Object) (open, rest []byte, err error)) (*body, error) {
-	out := &body{parts: make([][]byte, 0, 2+3*len(objs))}
-	out.add(head)
+func jsonList(head []byte, objs []*Object, item func(*Object) (open, rest []byte, err error)) (*Body, error) {
+	out := &Body{parts: make([][]byte, 0, 2+3*len(objs))}
+	out.Add(head)
 	comma := []byte(",")
 	for i, o := range objs {
 		open, rest, err := item(o)
@@ -196,33 +218,47 @@ func jsonList(head []byte, objs []*Object, item func(*Object) (open, rest []byte
 			return nil, err
 		}
 		if i > 0 {
-			out.add(comma)
+			out.Add(comma)
 		}
 		if open != nil {
-			out.add(open)
+			out.Add(open)
 		}
-		out.add(rest)
+		out.Add(rest)
 	}
-	out.add([]byte("]}\n"))
+	out.Add([]byte("]}\n"))
 	return out, nil
 }
 
-// envelope wraps raw in the protobuf envelope kube-apiserver uses: the
+// Envelope wraps raw in the protobuf envelope kube-apiserver uses: the
 // magic prefix and a runtime.Unknown holding apiVersion, kind and raw.
-func envelope(apiVersion, kind string, raw *body) *body {
+func Envelope(apiVersion, kind string, raw *Body) *Body {
 	tm := protowire.AppendTag(nil, 1, protowire.BytesType)
 	tm = protowire.AppendString(tm, apiVersion)
 	tm = protowire.AppendTag(tm, 2, protowire.BytesType)
 	tm = protowire.AppendString(tm, kind)
-	head := append([]byte{}, protobufMagic...)
+	head := append([]byte{}, ProtobufMagic...)
 	head = protowire.AppendTag(head, 1, protowire.BytesType)
 	head = protowire.AppendBytes(head, tm)
 	head = protowire.AppendTag(head, 2, protowire.BytesType)
-	head = protowire.AppendVarint(head, uint64(raw.size()))
-	out := &body{parts: make([][]byte, 0, len(raw.parts)+2)}
-	out.add(head)
+	head = protowire.AppendVarint(head, uint64(raw.Size()))
+	out := &Body{parts: make([][]byte, 0, len(raw.parts)+2)}
+	out.Add(head)
 	out.parts = append(out.parts, raw.parts...)
 	// contentEncoding (field 3) and contentType (field 4), both empty.
-	out.add([]byte{0x1a, 0x00, 0x22, 0x00})
+	out.Add([]byte{0x1a, 0x00, 0x22, 0x00})
 	return out
+}
+
+// Embed encodes obj as an object embedded in a watch event: JSON with kind
+// and apiVersion, or kube-apiserver's protobuf envelope.
+func Embed(m MediaType, obj runtime.Object, enc *Encoder) ([]byte, error) {
+	if m == MediaProtobuf {
+		raw, err := EncodeProtobuf(obj)
+		if err != nil {
+			return nil, err
+		}
+		gvk := obj.GetObjectKind().GroupVersionKind()
+		return Envelope(gvk.GroupVersion().String(), gvk.Kind, &Body{parts: [][]byte{raw}}).Bytes(), nil
+	}
+	return enc.EncodeJSON(obj)
 }

@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"context"
@@ -17,7 +17,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	toolscache "k8s.io/client-go/tools/cache"
 )
 
 // AttrsFunc returns the label and field sets of an object, as
@@ -89,11 +88,6 @@ type Store struct {
 	now func() time.Time
 }
 
-var (
-	_ toolscache.ReflectorStore         = (*Store)(nil)
-	_ toolscache.ResourceVersionUpdater = (*Store)(nil)
-)
-
 // NewStore returns an empty, unsynced Store. attrs computes selector
 // attributes; prepare (optional) is applied to each object before it is
 // stored, for example to set its apiVersion and kind; onChange (optional)
@@ -105,12 +99,13 @@ func NewStore(attrs AttrsFunc, prepare func(runtime.Object) runtime.Object, onCh
 }
 
 // SetHistoryBounds bounds the Store's event window to maxEvents events
-// and maxBytes of objects (zero or less: the defaults). It must be called
-// before the Store is filled.
+// and maxBytes of objects (zero or less: the defaults). The window keeps
+// the events it holds until the next one is added.
 func (s *Store) SetHistoryBounds(maxEvents, maxBytes int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.hist = newHistory(maxEvents, maxBytes)
+	b := newHistory(maxEvents, maxBytes)
+	s.hist.maxEvents, s.hist.maxBytes = b.maxEvents, b.maxBytes
 }
 
 // ParseResourceVersion parses a resourceVersion as kube-apiserver's etcd3
@@ -130,12 +125,7 @@ func ParseResourceVersion(rv string) (uint64, error) {
 func (s *Store) newObject(item any) (*Object, uint64, error) {
 	obj, ok := item.(runtime.Object)
 	if !ok {
-		if d, isTomb := item.(toolscache.DeletedFinalStateUnknown); isTomb {
-			obj, ok = d.Obj.(runtime.Object)
-		}
-		if !ok {
-			return nil, 0, fmt.Errorf("store: unexpected item type %T", item)
-		}
+		return nil, 0, fmt.Errorf("store: unexpected item type %T", item)
 	}
 	if s.prepare != nil {
 		obj = s.prepare(obj)
@@ -161,7 +151,7 @@ func (s *Store) newObject(item any) (*Object, uint64, error) {
 // compact returns the Object of obj: a built-in object as its protobuf
 // message with its packed selector attributes, anything else as it is.
 func (s *Store) compact(obj runtime.Object, namespace, name string) (*Object, error) {
-	o := &Object{key: keyString(namespace, name)}
+	o := &Object{key: Key(namespace, name)}
 	po, isProto := obj.(protoObject)
 	if !isProto {
 		o.obj = obj
@@ -237,7 +227,7 @@ func (s *Store) put(item any, typ watch.EventType) error {
 		s.rv = rv
 	}
 	if s.synced {
-		e := &event{typ: typ, obj: o, prev: prev, rv: rv, at: s.now(), size: objectSize(o)}
+		e := &Event{typ: typ, obj: o, prev: prev, rv: rv, at: s.now(), size: objectSize(o)}
 		s.hist.add(e)
 	}
 	// A watch event's object carries the RV of the change (for a delete,
@@ -409,6 +399,11 @@ func (s *Store) Snapshot(p Predicate) ([]*Object, uint64) {
 		}
 	}
 	return out, rv
+}
+
+// Selects reports whether p selects o, an object of the Store.
+func (s *Store) Selects(p Predicate, o *Object) bool {
+	return p.matches(s.attrs, o)
 }
 
 // Count returns the number of objects p selects.

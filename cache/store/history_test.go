@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"testing"
@@ -12,8 +12,8 @@ import (
 // on reset and on an RV that goes back, and the ring growing and
 // wrapping.
 func TestHistory(t *testing.T) {
-	ev := func(rv uint64, size int) *event {
-		return &event{typ: watch.Modified, rv: rv, size: size, at: time.Unix(int64(rv), 0)}
+	ev := func(rv uint64, size int) *Event {
+		return &Event{typ: watch.Modified, rv: rv, size: size, at: time.Unix(int64(rv), 0)}
 	}
 	h := newHistory(100, 1000)
 	h.reset(10, true)

@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"context"
@@ -18,8 +18,8 @@ func testPod(ns, name, rv string, lbls map[string]string) *corev1.Pod {
 }
 
 func newPodStore() *Store {
-	fl := fieldLabelsFor(schema.GroupResource{Resource: "pods"}, true, true)
-	return NewStore(attrsFor(fl, true), nil, nil)
+	fl := FieldLabelsFor(schema.GroupResource{Resource: "pods"}, true, true)
+	return NewStore(AttrsFor(fl, true), nil, nil)
 }
 
 // TestStoreResourceVersion: the Store's RV is the one its content is

@@ -1,11 +1,10 @@
-package cache
+package store
 
 import (
 	"fmt"
 	"sync"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/watch"
@@ -40,9 +39,9 @@ const (
 	DefaultHistoryBytes  = 8 << 20
 )
 
-// event is one change the Store applied, as a watch receives it before
+// Event is one change the Store applied, as a watch receives it before
 // its own selectors are applied.
-type event struct {
+type Event struct {
 	typ watch.EventType
 	// obj is the object after the change; for a deletion, the deleted
 	// object as the upstream watch sent it (its last state, at the
@@ -65,13 +64,26 @@ type event struct {
 	prevErr  error
 }
 
+// Type is the event's type: ADDED, MODIFIED or DELETED.
+func (e *Event) Type() watch.EventType { return e.typ }
+
+// Object is the object after the change; for a deletion, the deleted
+// object as the upstream watch sent it.
+func (e *Event) Object() *Object { return e.obj }
+
+// Prev is the object before the change; nil if the Store did not hold it.
+func (e *Event) Prev() *Object { return e.prev }
+
+// ResourceVersion is the RV of the change.
+func (e *Event) ResourceVersion() uint64 { return e.rv }
+
 // history is a Store's event window. The Store's mu protects it.
 type history struct {
 	maxEvents, maxBytes int
 	// ring holds the window: events[start], events[start+1], ... (mod
 	// len), n of them; seq is the sequence number of the next event, so
 	// the window's events are numbered seq-n ... seq-1.
-	ring  []*event
+	ring  []*Event
 	start int
 	n     int
 	seq   uint64
@@ -97,7 +109,7 @@ func newHistory(maxEvents, maxBytes int) *history {
 
 // at returns the window's event with sequence number s, which must be in
 // [seq-n, seq).
-func (h *history) at(s uint64) *event {
+func (h *history) at(s uint64) *Event {
 	i := (h.start + int(s-(h.seq-uint64(h.n)))) % len(h.ring)
 	return h.ring[i]
 }
@@ -105,7 +117,7 @@ func (h *history) at(s uint64) *event {
 // add appends e, evicting the oldest events past the bounds. An event
 // whose RV does not follow the window's (a watch that went back) starts a
 // new epoch at it: what came before cannot be ordered with it.
-func (h *history) add(e *event) {
+func (h *history) add(e *Event) {
 	if h.n > 0 && e.rv <= h.at(h.seq-1).rv {
 		h.wentBack(max(e.rv, 1) - 1)
 	}
@@ -127,7 +139,7 @@ func (h *history) grow() {
 	if size <= len(h.ring) {
 		size = len(h.ring) + 1
 	}
-	ring := make([]*event, size)
+	ring := make([]*Event, size)
 	for i := range h.n {
 		ring[i] = h.ring[(h.start+i)%len(h.ring)]
 	}
@@ -191,88 +203,82 @@ func (h *history) oldest() (time.Time, bool) {
 	return h.ring[h.start].at, true
 }
 
-// tooOld is kube-apiserver's answer to a watch from an RV its window has
-// moved past.
-func tooOld(rv, floor uint64) error {
-	return apierrors.NewResourceExpired(fmt.Sprintf("too old resource version: %d (%d)", rv, floor))
-}
-
-// cursor is a watch's place in its Store's history.
-type cursor struct {
+// Cursor is a watch's place in its Store's history.
+type Cursor struct {
 	seq   uint64
 	epoch uint64
 }
 
-// cursorState says why a read of the history returned no events.
-type cursorState int
+// CursorState says why a read of the history returned no events.
+type CursorState int
 
 const (
-	cursorOK cursorState = iota
+	CursorOK CursorState = iota
 	// cursorReplaced: the Store relisted; the watch's epoch is over.
-	cursorReplaced
+	CursorReplaced
 	// cursorWentBack: the Store's RV went back since the watch's epoch;
 	// its client must relist.
-	cursorWentBack
+	CursorWentBack
 	// cursorBehind: the watch's next event has left the window.
-	cursorBehind
+	CursorBehind
 	// cursorClosed: the Store's informer stopped.
-	cursorClosed
+	CursorClosed
 )
 
-// WatchFrom returns a cursor at the first event after rv, or 410 Gone if
-// the window no longer holds every event after rv. The Store must be
-// synced.
-func (s *Store) watchFrom(rv uint64) (cursor, error) {
+// WatchFrom returns a cursor at the first event after rv, or ok false
+// and the window's floor if the window no longer holds every event after
+// rv (kube-apiserver's 410 Gone). The Store must be synced.
+func (s *Store) WatchFrom(rv uint64) (c Cursor, floor uint64, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	seq, ok := s.hist.position(rv)
 	if !ok {
-		return cursor{}, tooOld(rv, s.hist.floor)
+		return Cursor{}, s.hist.floor, false
 	}
-	return cursor{seq: seq, epoch: s.hist.epoch}, nil
+	return Cursor{seq: seq, epoch: s.hist.epoch}, s.hist.floor, true
 }
 
-// snapshotForWatch returns every object in key order, the RV they are
+// SnapshotForWatch returns every object in key order, the RV they are
 // consistent at, and a cursor at the first event after it, all taken at
 // once: a watch-list sends the objects, then exactly the events after.
-func (s *Store) snapshotForWatch() ([]*Object, uint64, cursor) {
+func (s *Store) SnapshotForWatch() ([]*Object, uint64, Cursor) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sorted := s.sortedLocked()
-	return sorted, s.rv, cursor{seq: s.hist.seq, epoch: s.hist.epoch}
+	return sorted, s.rv, Cursor{seq: s.hist.seq, epoch: s.hist.epoch}
 }
 
-// currentCursor returns the Store's RV and a cursor at the next event.
-func (s *Store) currentCursor() (uint64, cursor) {
+// CurrentCursor returns the Store's RV and a cursor at the next event.
+func (s *Store) CurrentCursor() (uint64, Cursor) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.rv, cursor{seq: s.hist.seq, epoch: s.hist.epoch}
+	return s.rv, Cursor{seq: s.hist.seq, epoch: s.hist.epoch}
 }
 
-// next appends to buf up to max events from c on, and returns them with
+// Next appends to buf up to max events from c on, and returns them with
 // the cursor after them, the Store's RV when read (every event up to it has
 // been returned once the result is empty), a channel closed at the next
 // change, and why there is nothing to read if that is so.
-func (s *Store) next(c cursor, buf []*event, max int) ([]*event, cursor, uint64, <-chan struct{}, cursorState) {
+func (s *Store) Next(c Cursor, buf []*Event, max int) ([]*Event, Cursor, uint64, <-chan struct{}, CursorState) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	h := s.hist
 	switch {
 	case h.backEpoch > c.epoch:
-		return buf, c, s.rv, nil, cursorWentBack
+		return buf, c, s.rv, nil, CursorWentBack
 	case c.epoch != h.epoch:
-		return buf, c, s.rv, nil, cursorReplaced
+		return buf, c, s.rv, nil, CursorReplaced
 	case c.seq < h.seq-uint64(h.n):
-		return buf, c, s.rv, nil, cursorBehind
+		return buf, c, s.rv, nil, CursorBehind
 	}
 	for c.seq < h.seq && len(buf) < max {
 		buf = append(buf, h.at(c.seq))
 		c.seq++
 	}
 	if len(buf) == 0 && s.closed {
-		return buf, c, s.rv, nil, cursorClosed
+		return buf, c, s.rv, nil, CursorClosed
 	}
-	return buf, c, s.rv, s.rvChanged, cursorOK
+	return buf, c, s.rv, s.rvChanged, CursorOK
 }
 
 // HistoryStats describes a Store's event window.
@@ -293,9 +299,9 @@ func (s *Store) History() HistoryStats {
 	return HistoryStats{Events: s.hist.n, Bytes: s.hist.bytes, Oldest: oldest, Floor: s.hist.floor}
 }
 
-// deletedAt returns e's previous object at e's RV, the object of the
+// DeletedAt returns e's previous object at e's RV, the object of the
 // DELETED event a watch gets when e takes an object out of its selectors.
-func (s *Store) deletedAt(e *event) (*Object, error) {
+func (s *Store) DeletedAt(e *Event) (*Object, error) {
 	e.prevOnce.Do(func() {
 		obj, err := e.prev.Decoded()
 		if err != nil {

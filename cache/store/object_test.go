@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"strings"
@@ -16,9 +16,9 @@ import (
 )
 
 func podStoreWithGVK() *Store {
-	fl := fieldLabelsFor(schema.GroupResource{Resource: "pods"}, true, true)
+	fl := FieldLabelsFor(schema.GroupResource{Resource: "pods"}, true, true)
 	gvk := corev1.SchemeGroupVersion.WithKind("Pod")
-	return NewStore(attrsFor(fl, true), func(obj runtime.Object) runtime.Object {
+	return NewStore(AttrsFor(fl, true), func(obj runtime.Object) runtime.Object {
 		obj.GetObjectKind().SetGroupVersionKind(gvk)
 		return obj
 	}, nil)
@@ -114,7 +114,7 @@ func TestObjectSelectors(t *testing.T) {
 	}
 
 	// A cluster-scoped object has no metadata.namespace.
-	nodes := NewStore(attrsFor(fieldLabelsFor(schema.GroupResource{Resource: "nodes"}, true, false), false), nil, nil)
+	nodes := NewStore(AttrsFor(FieldLabelsFor(schema.GroupResource{Resource: "nodes"}, true, false), false), nil, nil)
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a", ResourceVersion: "3"}, Spec: corev1.NodeSpec{Unschedulable: true}}
 	if err := nodes.Replace([]any{node}, "3"); err != nil {
 		t.Fatal(err)

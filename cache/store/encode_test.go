@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"bytes"
@@ -18,10 +18,10 @@ import (
 
 // referenceEncode encodes obj the way kube-apiserver does: the versioning
 // codec over the JSON or protobuf serializer for the object's version.
-func referenceEncode(t *testing.T, m mediaType, gv schema.GroupVersion, obj runtime.Object) []byte {
+func referenceEncode(t *testing.T, m MediaType, gv schema.GroupVersion, obj runtime.Object) []byte {
 	t.Helper()
 	var s runtime.Serializer
-	if m == mediaProtobuf {
+	if m == MediaProtobuf {
 		s = protobuf.NewSerializer(scheme.Scheme, scheme.Scheme)
 	} else {
 		info, _ := runtime.SerializerInfoForMediaType(scheme.Codecs.SupportedMediaTypes(), runtime.ContentTypeJSON)
@@ -34,9 +34,30 @@ func referenceEncode(t *testing.T, m mediaType, gv schema.GroupVersion, obj runt
 	return buf.Bytes()
 }
 
-func objectsOf(t *testing.T, r *informer, items ...runtime.Object) []*Object {
+// testKind is a resource's kind as its Store and encoder see it.
+type testKind struct {
+	gvk        schema.GroupVersionKind
+	namespaced bool
+	fields     FieldLabels
+	Encoder    *Encoder
+}
+
+func typedResource(gvr schema.GroupVersionResource, kind string, namespaced bool) *testKind {
+	gvk := gvr.GroupVersion().WithKind(kind)
+	return &testKind{gvk: gvk, namespaced: namespaced, fields: FieldLabelsFor(gvr.GroupResource(), true, namespaced),
+		Encoder: NewEncoder(gvk, true)}
+}
+
+// objectsOf returns items as a Store of k keeps them, with apiVersion and
+// kind set on typed objects, as an informer's Store does.
+func objectsOf(t *testing.T, k *testKind, items ...runtime.Object) []*Object {
 	t.Helper()
-	st := NewStore(attrsFor(r.fields, r.namespaced), r.prepare, nil)
+	st := NewStore(AttrsFor(k.fields, k.namespaced), func(obj runtime.Object) runtime.Object {
+		if _, ok := obj.(*unstructured.Unstructured); !ok {
+			obj.GetObjectKind().SetGroupVersionKind(k.gvk)
+		}
+		return obj
+	}, nil)
 	var out []*Object
 	for _, it := range items {
 		o, _, err := st.newObject(it.DeepCopyObject())
@@ -48,22 +69,14 @@ func objectsOf(t *testing.T, r *informer, items ...runtime.Object) []*Object {
 	return out
 }
 
-func typedResource(gvr schema.GroupVersionResource, kind string, namespaced bool) *informer {
-	r := newInformer(newResource(ResourceSpec{Group: gvr.Group, Resource: gvr.Resource}, "node-a"))
-	r.gvr, r.gvk, r.namespaced, r.builtin = gvr, gvr.GroupVersion().WithKind(kind), namespaced, true
-	r.fields = fieldLabelsFor(gvr.GroupResource(), true, namespaced)
-	r.encoder = newEncoder(r.gvk, true)
-	return r
-}
-
-func body2bytes(t *testing.T, f func() (*body, error)) []byte {
+func body2bytes(t *testing.T, f func() (*Body, error)) []byte {
 	t.Helper()
 	b, err := f()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
-	if err := b.writeTo(&buf); err != nil {
+	if err := b.WriteAll(&buf); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
@@ -82,7 +95,7 @@ func TestEncodingMatchesKubeAPIServer(t *testing.T) {
 	}
 	cases := []struct {
 		name  string
-		res   *informer
+		res   *testKind
 		items []runtime.Object
 		list  runtime.Object
 	}{
@@ -119,17 +132,17 @@ func TestEncodingMatchesKubeAPIServer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			objs := objectsOf(t, tc.res, tc.items...)
 			gv := tc.res.gvk.GroupVersion()
-			for _, m := range []mediaType{mediaJSON, mediaProtobuf} {
-				got := body2bytes(t, func() (*body, error) { return tc.res.encoder.list(m, objs, 42) })
+			for _, m := range []MediaType{MediaJSON, MediaProtobuf} {
+				got := body2bytes(t, func() (*Body, error) { return tc.res.Encoder.List(m, objs, 42) })
 				want := referenceEncode(t, m, gv, tc.list)
 				if !bytes.Equal(got, want) {
-					t.Errorf("%s list:\n got %q\nwant %q", m.contentType(), got, want)
+					t.Errorf("%s list:\n got %q\nwant %q", m.ContentType(), got, want)
 				}
 				for i, o := range objs {
-					got := body2bytes(t, func() (*body, error) { return tc.res.encoder.object(m, o) })
+					got := body2bytes(t, func() (*Body, error) { return tc.res.Encoder.Object(m, o) })
 					want := referenceEncode(t, m, gv, tc.items[i])
 					if !bytes.Equal(got, want) {
-						t.Errorf("%s object:\n got %q\nwant %q", m.contentType(), got, want)
+						t.Errorf("%s object:\n got %q\nwant %q", m.ContentType(), got, want)
 					}
 				}
 			}
@@ -141,17 +154,16 @@ func TestEncodingMatchesKubeAPIServer(t *testing.T) {
 // kind on every item, as kube-apiserver lists them.
 func TestEncodingCustomResource(t *testing.T) {
 	gvr := schema.GroupVersionResource{Group: "example.com", Version: "v1", Resource: "widgets"}
-	r := newInformer(newResource(ResourceSpec{Group: gvr.Group, Resource: gvr.Resource}, "node-a"))
-	r.gvr, r.gvk, r.namespaced = gvr, gvr.GroupVersion().WithKind("Widget"), true
-	r.fields = fieldLabelsFor(gvr.GroupResource(), false, true)
-	r.encoder = newEncoder(r.gvk, false)
+	gvk := gvr.GroupVersion().WithKind("Widget")
+	r := &testKind{gvk: gvk, namespaced: true, fields: FieldLabelsFor(gvr.GroupResource(), false, true),
+		Encoder: NewEncoder(gvk, false)}
 	w := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "example.com/v1", "kind": "Widget",
 		"metadata": map[string]any{"name": "w", "namespace": "ns", "resourceVersion": "5"},
 		"spec":     map[string]any{"size": int64(3)},
 	}}
 	objs := objectsOf(t, r, w)
-	got := string(body2bytes(t, func() (*body, error) { return r.encoder.list(mediaJSON, objs, 8) }))
+	got := string(body2bytes(t, func() (*Body, error) { return r.Encoder.List(MediaJSON, objs, 8) }))
 	want := `{"kind":"WidgetList","apiVersion":"example.com/v1","metadata":{"resourceVersion":"8"},"items":[` +
 		`{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w","namespace":"ns","resourceVersion":"5"},"spec":{"size":3}}]}` + "\n"
 	if diff := cmp.Diff(want, got); diff != "" {

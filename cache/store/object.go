@@ -1,4 +1,4 @@
-package cache
+package store
 
 import (
 	"fmt"
@@ -110,6 +110,9 @@ func (o *Object) Decoded() (runtime.Object, error) {
 // Key returns the object's store key: namespace/name, or name for
 // cluster-scoped objects.
 func (o *Object) Key() string { return o.key }
+
+// ResourceVersion returns the object's resourceVersion (0 if it had none).
+func (o *Object) ResourceVersion() uint64 { return o.rv }
 
 // Namespace returns the object's namespace (empty for cluster-scoped
 // resources). Names and namespaces never contain a slash.
@@ -293,7 +296,9 @@ func (c *protoCodec) matches(obj runtime.Object) bool {
 	return c != nil && reflect.TypeOf(obj).Elem() == c.typ && obj.GetObjectKind().GroupVersionKind() == c.gvk
 }
 
-func keyString(namespace, name string) string {
+// Key is the store key of namespace/name: namespace/name, or name for a
+// cluster-scoped object.
+func Key(namespace, name string) string {
 	if namespace == "" {
 		return name
 	}
