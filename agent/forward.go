@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apiserver/pkg/endpoints/request"
@@ -45,6 +46,7 @@ func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
 		},
 		Transport:     up,
 		FlushInterval: -1,
+		BufferPool:    copyBuffers,
 		ErrorLog:      newServerErrorLog(klog.Background()),
 		ModifyResponse: func(resp *http.Response) error {
 			if isUpgrade(resp.Request) && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -92,6 +94,25 @@ func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
 			}
 			writeStatus(w, r, apierrors.NewServiceUnavailable("the node-local API proxy could not reach kube-apiserver"))
 		},
+	}
+}
+
+// copyBuffers hands the forwarder the buffers it copies answers through:
+// without a pool, httputil.ReverseProxy allocates 32 KiB for every request,
+// however short its answer.
+var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any { return new([copyBufferSize]byte) }}}
+
+// copyBufferSize is httputil.ReverseProxy's own buffer size.
+const copyBufferSize = 32 << 10
+
+// bufferPool is an httputil.BufferPool of copyBufferSize buffers.
+type bufferPool struct{ pool sync.Pool }
+
+func (p *bufferPool) Get() []byte { return p.pool.Get().(*[copyBufferSize]byte)[:] }
+
+func (p *bufferPool) Put(b []byte) {
+	if cap(b) == copyBufferSize {
+		p.pool.Put((*[copyBufferSize]byte)(b[:copyBufferSize]))
 	}
 }
 
