@@ -23,8 +23,12 @@ import (
 //     authorization, admission and audit see the real caller.
 //   - X-Remote-* headers are dropped: they are how an authenticating front
 //     proxy asserts identities, and a pod must not be able to assert one.
-//   - Responses stream as they arrive (FlushInterval -1), so watches are
-//     relayed event by event.
+//   - The answers of long-running requests and upgrades, and every answer
+//     of unknown length, stream as they arrive (FlushInterval -1), so
+//     watches are relayed event by event. An answer of known length to
+//     any other request is written as it is read and sent, in the
+//     server's chunks, when the handler ends, as kube-apiserver sends
+//     its own: its last bytes and the end of its stream go out together.
 //   - Redirects are relayed, never followed.
 //   - Upgrades (exec, attach, port-forward) are tunnelled only after the
 //     upstream answered 101; any other answer is relayed and the client
@@ -34,6 +38,22 @@ import (
 // (the cache's read-your-writes barrier); it may replace resp.Body with an
 // equivalent reader.
 func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
+	streaming := newReverseProxy(up, observe)
+	// With FlushInterval 0 httputil.ReverseProxy still flushes every write
+	// of an answer of unknown length (and of a text/event-stream).
+	buffered := *streaming
+	buffered.FlushInterval = 0
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isLongRunning(r) || isUpgrade(r) {
+			streaming.ServeHTTP(w, r)
+			return
+		}
+		buffered.ServeHTTP(w, r)
+	})
+}
+
+// newReverseProxy returns newForwarder's proxy, which flushes every write.
+func newReverseProxy(up *upstreams, observe func(*http.Response)) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up.pick())
