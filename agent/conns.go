@@ -78,14 +78,14 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		src := sourceOf(conn.RemoteAddr().String())
-		release, refused := c.pool.Acquire(src)
+		slot, refused := c.pool.Acquire(src)
 		if refused != "" {
 			_ = conn.Close()
 			c.metrics.closedConns.WithLabelValues(string(refused)).Inc()
 			c.refusals.log(c.logger, "source", src, "reason", refused, "held", c.pool.Held(src))
 			continue
 		}
-		lc := &limitedConn{Conn: conn, release: release}
+		lc := &limitedConn{Conn: conn, slot: slot}
 		lc.mu.Lock()
 		lc.timer = time.AfterFunc(c.firstRequest, func() {
 			if lc.expire() {
@@ -102,7 +102,8 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 // if no request arrives on it in time.
 type limitedConn struct {
 	net.Conn
-	release func()
+	// slot is what the connection holds of its source's share.
+	slot *fairshare.Slot
 	// requested is set once a request arrived.
 	requested atomic.Bool
 
@@ -121,7 +122,7 @@ func (c *limitedConn) Close() error {
 	if !c.closed {
 		c.closed = true
 		c.timer.Stop()
-		c.release()
+		c.slot.Release()
 	}
 	return err
 }

@@ -464,7 +464,7 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 			return
 		}
 		src := sourceOf(r.RemoteAddr)
-		release, refused := b.pool.Acquire(src)
+		slot, refused := b.pool.Acquire(src)
 		if refused != "" {
 			a.metrics.rejected.WithLabelValues(handler, kind, string(refused)).Inc()
 			refusals.log(klog.FromContext(r.Context()), "source", src, "kind", kind, "reason", refused)
@@ -475,7 +475,7 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 		}
 		b.gauge.Inc()
 		defer func() {
-			release()
+			slot.Release()
 			b.gauge.Dec()
 		}()
 		h.ServeHTTP(w, r)
@@ -532,7 +532,7 @@ func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
 			return
 		}
 		src := sourceOf(r.RemoteAddr)
-		release, refused := pool.Acquire(src)
+		slot, refused := pool.Acquire(src)
 		if refused != "" {
 			a.metrics.rejected.WithLabelValues("long-running", "long-running", string(refused)).Inc()
 			refusals.log(klog.FromContext(r.Context()), "source", src, "reason", refused)
@@ -542,7 +542,7 @@ func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
 		}
 		gauge.Inc()
 		defer func() {
-			release()
+			slot.Release()
 			gauge.Dec()
 		}()
 		h.ServeHTTP(w, r)
