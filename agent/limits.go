@@ -463,7 +463,7 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 			h.ServeHTTP(w, r)
 			return
 		}
-		src := sourceOf(r.RemoteAddr)
+		src := requestSource(r)
 		slot, refused := b.pool.Acquire(src)
 		if refused != "" {
 			a.metrics.rejected.WithLabelValues(handler, kind, string(refused)).Inc()
@@ -531,7 +531,7 @@ func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		src := sourceOf(r.RemoteAddr)
+		src := requestSource(r)
 		slot, refused := pool.Acquire(src)
 		if refused != "" {
 			a.metrics.rejected.WithLabelValues("long-running", "long-running", string(refused)).Inc()
