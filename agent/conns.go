@@ -78,14 +78,14 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		src := sourceOf(conn.RemoteAddr().String())
-		release, refused := c.pool.Acquire(src)
+		slot, refused := c.pool.Acquire(src)
 		if refused != "" {
 			_ = conn.Close()
 			c.metrics.closedConns.WithLabelValues(string(refused)).Inc()
 			c.refusals.log(c.logger, "source", src, "reason", refused, "held", c.pool.Held(src))
 			continue
 		}
-		lc := &limitedConn{Conn: conn, release: release}
+		lc := &limitedConn{Conn: conn, src: src, slot: slot}
 		lc.mu.Lock()
 		lc.timer = time.AfterFunc(c.firstRequest, func() {
 			if lc.expire() {
@@ -102,7 +102,10 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 // if no request arrives on it in time.
 type limitedConn struct {
 	net.Conn
-	release func()
+	// src is the connection's source (sourceOf), and slot what it holds
+	// of its source's share.
+	src  string
+	slot *fairshare.Slot
 	// requested is set once a request arrived.
 	requested atomic.Bool
 
@@ -121,7 +124,7 @@ func (c *limitedConn) Close() error {
 	if !c.closed {
 		c.closed = true
 		c.timer.Stop()
-		c.release()
+		c.slot.Release()
 	}
 	return err
 }
@@ -162,6 +165,16 @@ func withConn(ctx context.Context, c net.Conn) context.Context {
 		return context.WithValue(ctx, connKey{}, lc)
 	}
 	return ctx
+}
+
+// requestSource returns the source of r (sourceOf its remote address):
+// its connection's, found once when the connection was accepted, if the
+// server's ConnContext is withConn.
+func requestSource(r *http.Request) string {
+	if lc, ok := r.Context().Value(connKey{}).(*limitedConn); ok {
+		return lc.src
+	}
+	return sourceOf(r.RemoteAddr)
 }
 
 // withRequestSeen tells each request's connection that a request arrived

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
+	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apiserver/pkg/endpoints/request"
@@ -22,8 +23,12 @@ import (
 //     authorization, admission and audit see the real caller.
 //   - X-Remote-* headers are dropped: they are how an authenticating front
 //     proxy asserts identities, and a pod must not be able to assert one.
-//   - Responses stream as they arrive (FlushInterval -1), so watches are
-//     relayed event by event.
+//   - The answers of long-running requests and upgrades, and every answer
+//     of unknown length, stream as they arrive (FlushInterval -1), so
+//     watches are relayed event by event. An answer of known length to
+//     any other request is written as it is read and sent, in the
+//     server's chunks, when the handler ends, as kube-apiserver sends
+//     its own: its last bytes and the end of its stream go out together.
 //   - Redirects are relayed, never followed.
 //   - Upgrades (exec, attach, port-forward) are tunnelled only after the
 //     upstream answered 101; any other answer is relayed and the client
@@ -33,6 +38,22 @@ import (
 // (the cache's read-your-writes barrier); it may replace resp.Body with an
 // equivalent reader.
 func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
+	streaming := newReverseProxy(up, observe)
+	// With FlushInterval 0 httputil.ReverseProxy still flushes every write
+	// of an answer of unknown length (and of a text/event-stream).
+	buffered := *streaming
+	buffered.FlushInterval = 0
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isLongRunning(r) || isUpgrade(r) {
+			streaming.ServeHTTP(w, r)
+			return
+		}
+		buffered.ServeHTTP(w, r)
+	})
+}
+
+// newReverseProxy returns newForwarder's proxy, which flushes every write.
+func newReverseProxy(up *upstreams, observe func(*http.Response)) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(up.pick())
@@ -45,6 +66,7 @@ func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
 		},
 		Transport:     up,
 		FlushInterval: -1,
+		BufferPool:    copyBuffers,
 		ErrorLog:      newServerErrorLog(klog.Background()),
 		ModifyResponse: func(resp *http.Response) error {
 			if isUpgrade(resp.Request) && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -92,6 +114,25 @@ func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
 			}
 			writeStatus(w, r, apierrors.NewServiceUnavailable("the node-local API proxy could not reach kube-apiserver"))
 		},
+	}
+}
+
+// copyBuffers hands the forwarder the buffers it copies answers through:
+// without a pool, httputil.ReverseProxy allocates 32 KiB for every request,
+// however short its answer.
+var copyBuffers = &bufferPool{pool: sync.Pool{New: func() any { return new([copyBufferSize]byte) }}}
+
+// copyBufferSize is httputil.ReverseProxy's own buffer size.
+const copyBufferSize = 32 << 10
+
+// bufferPool is an httputil.BufferPool of copyBufferSize buffers.
+type bufferPool struct{ pool sync.Pool }
+
+func (p *bufferPool) Get() []byte { return p.pool.Get().(*[copyBufferSize]byte)[:] }
+
+func (p *bufferPool) Put(b []byte) {
+	if cap(b) == copyBufferSize {
+		p.pool.Put((*[copyBufferSize]byte)(b[:copyBufferSize]))
 	}
 }
 

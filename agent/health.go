@@ -437,7 +437,8 @@ type observedBody struct {
 	closed   atomic.Bool
 	once     sync.Once
 	reported atomic.Bool
-	done     func()
+	// flight is the request, ended when the body is closed.
+	flight *inflightReq
 }
 
 func (b *observedBody) Read(p []byte) (int, error) {
@@ -484,7 +485,7 @@ func isPeerReset(err error) bool {
 func (b *observedBody) Close() error {
 	b.closed.Store(true)
 	err := b.ReadCloser.Close()
-	b.once.Do(b.done)
+	b.once.Do(b.flight.end)
 	return err
 }
 

@@ -463,8 +463,8 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 			h.ServeHTTP(w, r)
 			return
 		}
-		src := sourceOf(r.RemoteAddr)
-		release, refused := b.pool.Acquire(src)
+		src := requestSource(r)
+		slot, refused := b.pool.Acquire(src)
 		if refused != "" {
 			a.metrics.rejected.WithLabelValues(handler, kind, string(refused)).Inc()
 			refusals.log(klog.FromContext(r.Context()), "source", src, "kind", kind, "reason", refused)
@@ -475,7 +475,7 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 		}
 		b.gauge.Inc()
 		defer func() {
-			release()
+			slot.Release()
 			b.gauge.Dec()
 		}()
 		h.ServeHTTP(w, r)
@@ -531,8 +531,8 @@ func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		src := sourceOf(r.RemoteAddr)
-		release, refused := pool.Acquire(src)
+		src := requestSource(r)
+		slot, refused := pool.Acquire(src)
 		if refused != "" {
 			a.metrics.rejected.WithLabelValues("long-running", "long-running", string(refused)).Inc()
 			refusals.log(klog.FromContext(r.Context()), "source", src, "reason", refused)
@@ -542,7 +542,7 @@ func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
 		}
 		gauge.Inc()
 		defer func() {
-			release()
+			slot.Release()
 			gauge.Dec()
 		}()
 		h.ServeHTTP(w, r)

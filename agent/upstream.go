@@ -89,10 +89,15 @@ type endpoint struct {
 	inflight map[*inflightReq]context.CancelFunc
 }
 
-// inflightReq keys one request in flight. It must not be of size zero:
-// Go may give every allocation of a zero-size type the same address, and
-// the map would then hold one request however many are in flight.
-type inflightReq struct{ _ byte }
+// inflightReq is one request in flight to ep, which cancel ends, and its
+// key in ep.inflight. It must not be of size zero: Go may give every
+// allocation of a zero-size type the same address, and the map would then
+// hold one request however many are in flight.
+type inflightReq struct {
+	up     *upstreams
+	ep     *endpoint
+	cancel context.CancelFunc
+}
 
 // deadAfter is how many consecutive failed probes make an endpoint dead:
 // its open streams are ended. One failure already moves new requests away.
@@ -258,17 +263,22 @@ func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
 		// at the client's pace) is buffered within the budget, so
 		// it can be sent again: by net/http when an HTTP/2 connection is
 		// shut down (GOAWAY) before upstream processed the request, and
-		// here after a failed dial.
-		b, err := io.ReadAll(io.LimitReader(req.Body, req.ContentLength))
-		if err != nil {
+		// here after a failed dial. A body shorter than its length is
+		// sent as it is, for the transport to refuse.
+		b := make([]byte, req.ContentLength)
+		n, err := io.ReadFull(req.Body, b)
+		if err != nil && err != io.ErrUnexpectedEOF {
 			return nil, fmt.Errorf("reading request body: %w", err)
 		}
-		req = req.Clone(req.Context())
-		req.Body = io.NopCloser(bytes.NewReader(b))
-		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }
+		b = b[:n]
+		// A shallow copy: only the body changes, and nothing here or
+		// in the transport writes to the rest.
+		req = req.WithContext(req.Context())
+		req.Body = newReplayBody(b)
+		req.GetBody = func() (io.ReadCloser, error) { return newReplayBody(b), nil }
 	default:
 		body = &readTracker{ReadCloser: req.Body}
-		req = req.Clone(req.Context())
+		req = req.WithContext(req.Context())
 		req.Body = body
 	}
 	for {
@@ -328,39 +338,46 @@ func (u *upstreams) roundTripOnce(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	ctx, cancel := context.WithCancel(req.Context())
-	ep, done := u.track(req.URL.Host, cancel)
+	f := u.track(req.URL.Host, cancel)
 	resp, err := u.transport.RoundTrip(req.WithContext(ctx))
 	if err != nil {
-		done()
+		f.end()
 		cancel()
 		return nil, err
 	}
-	if ep == nil {
-		resp.Body = &trackedBody{ReadCloser: resp.Body, done: func() { done(); cancel() }}
+	if f == nil {
+		resp.Body = &trackedBody{ReadCloser: resp.Body, done: cancel}
 		return resp, nil
 	}
-	ep.observe(resp.StatusCode, u.clock())
-	resp.Body = &observedBody{ReadCloser: resp.Body, up: u, ep: ep, ctx: ctx,
-		good: resp.StatusCode < http.StatusInternalServerError, done: func() { done(); cancel() }}
+	f.ep.observe(resp.StatusCode, u.clock())
+	resp.Body = &observedBody{ReadCloser: resp.Body, up: u, ep: f.ep, ctx: ctx,
+		good: resp.StatusCode < http.StatusInternalServerError, flight: f}
 	return resp, nil
 }
 
-// track registers an in-flight request to host and returns its endpoint
-// (nil if host is none of them) and a func that deregisters it.
-func (u *upstreams) track(host string, cancel context.CancelFunc) (*endpoint, func()) {
+// track registers an in-flight request to host, which cancel ends, and
+// returns it; nil if host is none of the endpoints.
+func (u *upstreams) track(host string, cancel context.CancelFunc) *inflightReq {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	ep := u.find(host)
 	if ep == nil {
-		return nil, func() {}
+		return nil
 	}
-	key := &inflightReq{}
-	ep.inflight[key] = cancel
-	return ep, func() {
-		u.mu.Lock()
-		delete(ep.inflight, key)
-		u.mu.Unlock()
+	f := &inflightReq{up: u, ep: ep, cancel: cancel}
+	ep.inflight[f] = cancel
+	return f
+}
+
+// end deregisters the request and cancels it; on nil it does nothing.
+func (f *inflightReq) end() {
+	if f == nil {
+		return
 	}
+	f.up.mu.Lock()
+	delete(f.ep.inflight, f)
+	f.up.mu.Unlock()
+	f.cancel()
 }
 
 // troubled notes a failed request to host that is no proof the endpoint
@@ -387,6 +404,19 @@ func (b *trackedBody) Close() error {
 	b.once.Do(b.done)
 	return err
 }
+
+// replayBody is a buffered request body, read from the start again for
+// each attempt.
+type replayBody struct{ bytes.Reader }
+
+func newReplayBody(b []byte) *replayBody {
+	r := &replayBody{}
+	r.Reset(b)
+	return r
+}
+
+// Close does nothing: the bytes stay for the next attempt.
+func (*replayBody) Close() error { return nil }
 
 // maxReplayableBody is the largest request body buffered for a retry.
 const maxReplayableBody = 1 << 20

@@ -242,8 +242,8 @@ func TestTrackEveryRequest(t *testing.T) {
 	var dones []func()
 	cancelled := 0
 	for range n {
-		_, done := u.track(e.url.Host, func() { cancelled++ })
-		dones = append(dones, done)
+		f := u.track(e.url.Host, func() { cancelled++ })
+		dones = append(dones, f.end)
 	}
 	u.mu.Lock()
 	held := len(u.endpoints[0].inflight)

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,9 +12,14 @@ import (
 // metrics are the cache's Prometheus metrics.
 type metrics struct {
 	requests *prometheus.CounterVec
-	starts   *prometheus.CounterVec
-	stops    *prometheus.CounterVec
-	state    *stateCollector
+	// seriesMu protects requestSeries, the children of requests already
+	// seen by their label values, so that a request does not look them
+	// up in the vector.
+	seriesMu      sync.RWMutex
+	requestSeries map[[4]string]prometheus.Counter
+	starts        *prometheus.CounterVec
+	stops         *prometheus.CounterVec
+	state         *stateCollector
 	// Watches served from the cache (watch.go).
 	watchers    *prometheus.GaugeVec
 	watchEvents *prometheus.CounterVec
@@ -155,7 +161,28 @@ func (m *metrics) outcome(info *request.RequestInfo, outcome, reason string) {
 			resource = r.label
 		}
 	}
-	m.requests.WithLabelValues(verb, resource, outcome, reason).Inc()
+	m.requestCounter([4]string{verb, resource, outcome, reason}).Inc()
+}
+
+// requestCounter returns the child of requests with label values key.
+func (m *metrics) requestCounter(key [4]string) prometheus.Counter {
+	m.seriesMu.RLock()
+	c, ok := m.requestSeries[key]
+	m.seriesMu.RUnlock()
+	if ok {
+		return c
+	}
+	m.seriesMu.Lock()
+	defer m.seriesMu.Unlock()
+	if c, ok := m.requestSeries[key]; ok {
+		return c
+	}
+	if m.requestSeries == nil {
+		m.requestSeries = map[[4]string]prometheus.Counter{}
+	}
+	c = m.requests.WithLabelValues(key[:]...)
+	m.requestSeries[key] = c
+	return c
 }
 
 func (m *metrics) forwarded(info *request.RequestInfo, reason string) {

@@ -16,6 +16,7 @@ package fairshare
 
 import (
 	"sync"
+	"sync/atomic"
 )
 
 // Limits are the bounds of a Pool. A negative bound is no bound.
@@ -67,9 +68,9 @@ func New(l Limits) *Pool {
 func (p *Pool) Limits() Limits { return p.limits }
 
 // Acquire takes a slot for src. It returns the reason if the slot is
-// refused; otherwise the caller must call release once the slot is no
-// longer held (later calls do nothing).
-func (p *Pool) Acquire(src string) (release func(), refused Reason) {
+// refused; otherwise the caller must Release the slot once it is no longer
+// held (later calls do nothing).
+func (p *Pool) Acquire(src string) (*Slot, Reason) {
 	l := p.limits
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -85,8 +86,21 @@ func (p *Pool) Acquire(src string) (release func(), refused Reason) {
 	if borrow {
 		p.borrowed++
 	}
-	var once sync.Once
-	return func() { once.Do(func() { p.release(src) }) }, ""
+	return &Slot{pool: p, src: src}, ""
+}
+
+// Slot is one slot a source holds in a Pool.
+type Slot struct {
+	pool     *Pool
+	src      string
+	released atomic.Bool
+}
+
+// Release gives the slot back; later calls do nothing.
+func (s *Slot) Release() {
+	if !s.released.Swap(true) {
+		s.pool.release(s.src)
+	}
 }
 
 // release gives back one of src's slots. A source's slots are alike, so

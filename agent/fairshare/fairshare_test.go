@@ -84,12 +84,12 @@ func TestPool(t *testing.T) {
 					held[s.src] = rs[:len(rs)-1]
 					continue
 				}
-				release, refused := p.Acquire(s.src)
+				slot, refused := p.Acquire(s.src)
 				if refused != s.want {
 					t.Fatalf("step %d: Acquire(%q) refused %q, want %q (usage %+v)", i, s.src, refused, s.want, p.Usage())
 				}
 				if refused == "" {
-					held[s.src] = append(held[s.src], release)
+					held[s.src] = append(held[s.src], slot.Release)
 				}
 			}
 			for _, rs := range held {
@@ -117,7 +117,7 @@ func TestPoolConcurrent(t *testing.T) {
 		src := fmt.Sprintf("10.0.0.%d", s)
 		wg.Go(func() {
 			for range 200 {
-				release, refused := p.Acquire(src)
+				slot, refused := p.Acquire(src)
 				if refused != "" {
 					continue
 				}
@@ -127,7 +127,7 @@ func TestPoolConcurrent(t *testing.T) {
 					over = append(over, fmt.Sprintf("%s holds %d, %d borrowed", src, n, u.Borrowed))
 					mu.Unlock()
 				}
-				release()
+				slot.Release()
 			}
 		})
 	}
