@@ -21,6 +21,10 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent/interception"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/cache/access"
+
+	"github.com/kube-apicache/kube-apicache/agent/degraded"
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+	"github.com/kube-apicache/kube-apicache/agent/upstream"
 )
 
 // Agent composes the agent's parts and runs them in order: the
@@ -32,7 +36,7 @@ type Agent struct {
 	// Fixed at construction.
 	cfg     *Config
 	cert    certSource
-	up      *upstreams
+	up      *upstream.Set
 	metrics *metrics
 	icpt    *interception.Interceptor
 	handler http.Handler
@@ -53,8 +57,8 @@ type Agent struct {
 	// clientCerts hands client-certificate callers to kube-apiserver.
 	clientCerts *clientCertificates
 
-	// degraded is the state of degraded mode (degraded.go).
-	degraded degradedMode
+	// degraded is degraded mode (package degraded).
+	degraded *degraded.Mode
 }
 
 // warmup is the state of the warm-up before the first interception: it
@@ -87,10 +91,9 @@ func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 		startDrain: startDrain,
 		now:        time.Now,
 	}
-	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = cfg.DegradedDecisionTTL, a.degradedAfter(), cfg.ProbeTimeout()
-	a.metrics.registry.MustRegister(buildInfo(), degradedCollector{&a.degraded})
+	a.metrics.registry.MustRegister(buildInfo())
 	var err error
-	if a.audit, err = audit.New(cfg.Audit, longRunning); err != nil {
+	if a.audit, err = audit.New(cfg.Audit, apihttp.LongRunning); err != nil {
 		return nil, err
 	}
 	if a.icpt, err = interception.New(&cfg.Config, k, a.interceptorDeps()); err != nil {
@@ -100,13 +103,30 @@ func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 		a.icpt.RemoveStale()
 		return nil, err
 	}
-	if a.up, err = newUpstreams(cfg); err != nil {
+	lim := cfg.Limits.withDefaults()
+	if a.up, err = upstream.New(upstream.Config{
+		Endpoints:            cfg.Upstreams,
+		CAFile:               cfg.UpstreamCAFile,
+		ServerName:           cfg.UpstreamServerName,
+		SocketMark:           cfg.SocketMark,
+		HealthPeriod:         cfg.UpstreamHealthPeriod,
+		MaxStreamBuffer:      lim.HTTP2MaxUpstreamStreamBuffer,
+		MaxBufferedBodyBytes: lim.MaxBufferedBodyBytes,
+	}); err != nil {
 		a.icpt.RemoveStale()
 		return nil, err
 	}
-	a.up.onChange = a.icpt.RequestSync
-	a.degraded.requestSync, a.degraded.vips = a.icpt.RequestSync, a.icpt.VIPs
-	a.metrics.registry.MustRegister(&upstreamCollector{up: a.up}, a.up.healthCollector())
+	a.up.OnChange = a.icpt.RequestSync
+	a.degraded = degraded.New(degraded.Config{
+		TTL:          cfg.DegradedDecisionTTL,
+		HealthPeriod: cfg.UpstreamHealthPeriod,
+		Interval:     cfg.LivenessInterval(),
+		ProbeTimeout: cfg.ProbeTimeout(),
+		ServicePort:  cfg.ServicePort,
+		SocketMark:   cfg.SocketMark,
+	}, a.up, a.icpt.VIPs, a.icpt.RequestSync)
+	a.metrics.registry.MustRegister(a.degraded.Collector())
+	a.metrics.registry.MustRegister(a.up.Collectors()...)
 	if err := a.newCache(); err != nil {
 		a.icpt.RemoveStale()
 		return nil, err
@@ -127,7 +147,7 @@ func (a *Agent) interceptorDeps() interception.Deps {
 		Health:          a.standInHealth,
 		RESTConfig:      a.restConfig,
 		LocalRESTConfig: a.localRESTConfig,
-		Upstream:        func() string { return a.up.pick().Host },
+		Upstream:        func() string { return a.up.Pick().Host },
 		Ready:           a.metrics.ready,
 		Intercepting:    a.metrics.intercepting,
 		RuleSyncs:       a.metrics.ruleSyncs,
@@ -144,7 +164,7 @@ func (a *Agent) buildHandler() http.Handler {
 	}
 	// In degraded mode nothing is forwarded: each request fails fast
 	// (degraded.go), before it takes an in-flight slot.
-	forward := a.metrics.instrument("forward", a.failFastWhenDegraded(
+	forward := a.metrics.instrument("forward", failFastWhenDegraded(a.degraded.Active,
 		a.limitInFlight("forward", newForwarder(a.up, observe), readOnly, mutating)))
 	if a.cache != nil {
 		// Covered reads of authorized callers are answered from the cache;
@@ -176,7 +196,7 @@ func (a *Agent) front(h http.Handler) http.Handler {
 	if a.clientCerts == nil {
 		a.clientCerts = newClientCertificates(a)
 	}
-	return a.clientCerts.wrap(a.audit.WithReceivedTimestamp(withRequestInfo(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return a.clientCerts.wrap(a.audit.WithReceivedTimestamp(apihttp.WithRequestInfo(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if info, ok := request.RequestInfoFrom(r.Context()); ok && info.Verb == "watch" {
 			ctx, cancel := context.WithCancel(r.Context())
 			defer cancel()
@@ -184,7 +204,7 @@ func (a *Agent) front(h http.Handler) http.Handler {
 			defer stop()
 			r = r.WithContext(ctx)
 		}
-		if a.degradedNow() {
+		if a.degraded.Active() {
 			r = r.WithContext(apicache.WithDegraded(r.Context()))
 		}
 		h.ServeHTTP(w, r)
@@ -211,9 +231,9 @@ func (a *Agent) standInHealth() error {
 	if err := a.cert.Ready(); err != nil {
 		return fmt.Errorf("serving certificate not ready: %w", err)
 	}
-	if err := a.up.healthy(); err != nil {
+	if err := a.up.Healthy(); err != nil {
 		// Unless this is an outage the pods suffer anyway (degraded.go).
-		if err := a.degraded.covers(a.now(), err); err != nil {
+		if err := a.degraded.Covers(a.now(), err); err != nil {
 			return err
 		}
 	}
@@ -252,7 +272,7 @@ func (w *warmup) wait(cfg *Config, now time.Time) error {
 // path because its traffic to the agent was dropped.
 func (a *Agent) interceptionNote() string {
 	var notes []string
-	if s := a.degradedNote(); s != "" {
+	if s := a.degraded.Note(); s != "" {
 		notes = append(notes, s)
 	}
 	if s := a.icpt.PodPathNote(); s != "" {
@@ -308,7 +328,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 		defer ml.Close()
 	}
-	if err := a.up.waitHealthy(ctx, a.cfg.UpstreamCheckTimeout); err != nil {
+	if err := a.up.WaitHealthy(ctx, a.cfg.UpstreamCheckTimeout); err != nil {
 		if ctx.Err() != nil {
 			logger.Info("Stopped before intercepting")
 			return nil
@@ -341,8 +361,8 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	loops, stopLoops := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { stopLoops(); wg.Wait() }()
-	wg.Go(func() { a.up.run(loops, a.cfg.UpstreamHealthPeriod) })
-	wg.Go(func() { a.watchEndpoints(loops) })
+	wg.Go(func() { a.up.Run(loops, a.cfg.UpstreamHealthPeriod) })
+	wg.Go(func() { a.up.WatchEndpoints(loops, a.restConfig()) })
 	if a.cache != nil {
 		wg.Go(func() { a.cache.Run(loops) })
 	}
@@ -352,7 +372,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	wg.Go(func() {
 		select {
 		case <-a.icpt.Decided():
-			a.runDegraded(loops)
+			a.degraded.Run(loops)
 		case <-loops.Done():
 		}
 	})
@@ -417,8 +437,8 @@ func (a *Agent) newCache() error {
 	reviewer, err := access.New(a.restConfig(), access.Options{
 		Gate:        a.cfg.Limits.gate(),
 		DegradedTTL: a.cfg.DegradedDecisionTTL,
-		Degraded:    a.degradedNow,
-		Unreachable: a.reviewsUnreachable,
+		Degraded:    a.degraded.Active,
+		Unreachable: a.degraded.ReviewsUnreachable,
 	})
 	if err != nil {
 		return fmt.Errorf("access reviews: %w", err)

@@ -2,6 +2,8 @@ package agent
 
 import (
 	"encoding/pem"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -20,13 +22,15 @@ import (
 func newAgentFromNew(t *testing.T) *Agent {
 	t.Helper()
 	k := newFakeKernel(t)
-	ep := newTestEndpoint(t, ok)
+	srv := httptest.NewTLSServer(http.NotFoundHandler())
+	t.Cleanup(srv.Close)
 	ca := filepath.Join(t.TempDir(), "ca.crt")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ep.srv.Certificate().Raw}), 0o600); err != nil {
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cfg := dataplaneConfig()
-	cfg.Upstreams = []*url.URL{ep.url}
+	u, _ := url.Parse(srv.URL)
+	cfg.Upstreams = []*url.URL{u}
 	cfg.TLSCertFile, cfg.TLSKeyFile = "", ""
 	cfg.UpstreamCAFile, cfg.PodCAFile = ca, ca
 	cfg.MetricsBindAddress = DefaultMetricsBindAddress

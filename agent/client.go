@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"net/http"
-
 	"k8s.io/client-go/rest"
 
 	apicache "github.com/kube-apicache/kube-apicache/cache"
@@ -18,28 +16,13 @@ import (
 // caller's own credentials.
 func (a *Agent) restConfig() *rest.Config {
 	return &rest.Config{
-		Host:            a.up.pick().String(),
+		Host:            a.up.Pick().String(),
 		BearerTokenFile: a.cfg.TokenFile,
-		Transport:       &activeEndpoint{up: a.up},
+		Transport:       a.up.ClientTransport(),
 		UserAgent:       "kube-apicache/" + a.cfg.NodeName,
 		QPS:             50,
 		Burst:           100,
 	}
-}
-
-// activeEndpoint sends each request to the upstream endpoint that is active
-// when it is sent.
-type activeEndpoint struct {
-	up *upstreams
-}
-
-func (t *activeEndpoint) RoundTrip(req *http.Request) (*http.Response, error) {
-	ep := t.up.pick()
-	// A RoundTripper must not modify the caller's request.
-	out := req.Clone(req.Context())
-	out.URL.Scheme, out.URL.Host = ep.Scheme, ep.Host
-	out.Host = ""
-	return t.up.RoundTrip(out)
 }
 
 // localRESTConfig is the configuration of the agent's own watches of

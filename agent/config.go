@@ -15,6 +15,7 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent/audit"
 	"github.com/kube-apicache/kube-apicache/agent/identity"
 	"github.com/kube-apicache/kube-apicache/agent/interception"
+	"github.com/kube-apicache/kube-apicache/agent/upstream"
 	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/netrules"
 )
@@ -162,7 +163,7 @@ const (
 	DefaultServiceVIP           = "10.96.0.1"
 	DefaultServicePort          = 443
 	DefaultUpstreamCAFile       = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
-	DefaultUpstreamServerName   = "kubernetes.default.svc"
+	DefaultUpstreamServerName   = upstream.DefaultServerName
 	DefaultUpstreamCheckTimeout = 10 * time.Second
 	DefaultTokenFile            = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 	DefaultSocketMark           = 0x1000
@@ -193,7 +194,7 @@ const (
 	DefaultNFTablesPriority    = interception.DefaultNFTablesPriority
 	// DefaultLivenessTimeout: see interception.DefaultLivenessTimeout.
 	DefaultLivenessTimeout      = interception.DefaultLivenessTimeout
-	DefaultUpstreamHealthPeriod = 2 * time.Second
+	DefaultUpstreamHealthPeriod = upstream.DefaultHealthPeriod
 	DefaultSyncPeriod           = 10 * time.Second
 	// A local handshake takes microseconds: a flow DNATed to the agent
 	// without a reply over two scans 250ms apart was dropped, found before

@@ -10,8 +10,10 @@ import (
 	"sync"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+	"github.com/kube-apicache/kube-apicache/agent/upstream"
 )
 
 // newForwarder returns the handler that relays a request to the active
@@ -37,14 +39,14 @@ import (
 // observe, if not nil, sees every upstream response before it is relayed
 // (the cache's read-your-writes barrier); it may replace resp.Body with an
 // equivalent reader.
-func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
+func newForwarder(up *upstream.Set, observe func(*http.Response)) http.Handler {
 	streaming := newReverseProxy(up, observe)
 	// With FlushInterval 0 httputil.ReverseProxy still flushes every write
 	// of an answer of unknown length (and of a text/event-stream).
 	buffered := *streaming
 	buffered.FlushInterval = 0
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if isLongRunning(r) || isUpgrade(r) {
+		if apihttp.IsLongRunning(r) || apihttp.IsUpgrade(r) {
 			streaming.ServeHTTP(w, r)
 			return
 		}
@@ -53,10 +55,10 @@ func newForwarder(up *upstreams, observe func(*http.Response)) http.Handler {
 }
 
 // newReverseProxy returns newForwarder's proxy, which flushes every write.
-func newReverseProxy(up *upstreams, observe func(*http.Response)) *httputil.ReverseProxy {
+func newReverseProxy(up *upstream.Set, observe func(*http.Response)) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetURL(up.pick())
+			pr.SetURL(up.Pick())
 			pr.SetXForwarded()
 			for k := range pr.Out.Header {
 				if strings.HasPrefix(k, "X-Remote-") {
@@ -69,13 +71,13 @@ func newReverseProxy(up *upstreams, observe func(*http.Response)) *httputil.Reve
 		BufferPool:    copyBuffers,
 		ErrorLog:      newServerErrorLog(klog.Background()),
 		ModifyResponse: func(resp *http.Response) error {
-			if isUpgrade(resp.Request) && resp.StatusCode != http.StatusSwitchingProtocols {
+			if apihttp.IsUpgrade(resp.Request) && resp.StatusCode != http.StatusSwitchingProtocols {
 				resp.Header.Set("Connection", "close")
 			}
 			if observe != nil {
 				observe(resp)
 			}
-			if resp.StatusCode == http.StatusOK && isWatch(resp.Request) {
+			if resp.StatusCode == http.StatusOK && apihttp.IsWatch(resp.Request) {
 				resp.Body = &endCleanly{ReadCloser: resp.Body, ctx: resp.Request.Context()}
 			}
 			return nil
@@ -92,7 +94,7 @@ func newReverseProxy(up *upstreams, observe func(*http.Response)) *httputil.Reve
 				// The client went away; there is nobody to answer.
 				return
 			}
-			if isPeerReset(err) {
+			if upstream.IsPeerReset(err) {
 				// kube-apiserver reset the stream without an answer (the
 				// pod behind a proxy subresource closed): the client gets
 				// the same reset, as it would without the agent.
@@ -100,10 +102,10 @@ func newReverseProxy(up *upstreams, observe func(*http.Response)) *httputil.Reve
 				panic(http.ErrAbortHandler)
 			}
 			klog.FromContext(r.Context()).V(2).Info("Forwarding failed", "method", r.Method, "path", r.URL.Path, "err", err)
-			if isUpgrade(r) {
+			if apihttp.IsUpgrade(r) {
 				w.Header().Set("Connection", "close")
 			}
-			if isWatch(r) {
+			if apihttp.IsWatch(r) {
 				// A direct client whose watch cannot reconnect gets
 				// "connection refused", which client-go's reflector
 				// retries with backoff from where it was; 503 would make
@@ -157,35 +159,4 @@ func (b *endCleanly) Read(p []byte) (int, error) {
 		err = io.EOF
 	}
 	return n, err
-}
-
-// isWatch reports whether r is a watch (RequestInfo verb "watch").
-func isWatch(r *http.Request) bool {
-	if r == nil {
-		return false
-	}
-	info, ok := request.RequestInfoFrom(r.Context())
-	return ok && info.Verb == "watch"
-}
-
-// isLongRunning reports whether r is long-running by kube-apiserver's rule
-// (watch, proxy, exec, attach, port-forward, logs).
-func isLongRunning(r *http.Request) bool {
-	info, ok := request.RequestInfoFrom(r.Context())
-	return ok && longRunning(r, info)
-}
-
-// isUpgrade reports whether r asks for a protocol upgrade.
-func isUpgrade(r *http.Request) bool {
-	if r == nil || r.Header.Get("Upgrade") == "" {
-		return false
-	}
-	for _, v := range r.Header.Values("Connection") {
-		for _, t := range strings.Split(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), "upgrade") {
-				return true
-			}
-		}
-	}
-	return false
 }

@@ -15,6 +15,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
+	"github.com/kube-apicache/kube-apicache/agent/degraded"
+	"github.com/kube-apicache/kube-apicache/agent/upstream"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
 )
 
@@ -109,24 +111,24 @@ func BenchmarkForwardWrite(b *testing.B) {
 
 // newBenchAgent returns an agent, with a cache of pods and services and
 // the default limits, that forwards to upstream over HTTP/2 with the
-// transport settings of newUpstreams.
-func newBenchAgent(b *testing.B, upstream *httptest.Server) *Agent {
+// transport settings of upstream.New.
+func newBenchAgent(b *testing.B, srv *httptest.Server) *Agent {
 	b.Helper()
-	u, _ := url.Parse(upstream.URL)
-	t := upstream.Client().Transport.(*http.Transport).Clone()
+	u, _ := url.Parse(srv.URL)
+	t := srv.Client().Transport.(*http.Transport).Clone()
 	t.ForceAttemptHTTP2 = true
 	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1000, 100
 	t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: DefaultHTTP2MaxUpstreamStreamBuffer}
-	up := &upstreams{transport: t, upgradeTransport: http1Only(t), endpoints: []*endpoint{newEndpoint(u)}}
-	up.bodies.max = DefaultMaxBufferedBodyBytes
+	up := upstream.NewWithTransport(t, upstream.Config{Endpoints: []*url.URL{u}, MaxBufferedBodyBytes: DefaultMaxBufferedBodyBytes})
 	drain, startDrain := context.WithCancel(context.Background())
 	b.Cleanup(startDrain)
 	a := &Agent{cfg: &Config{Limits: DefaultLimits()}, up: up, metrics: newMetrics(), drain: drain, startDrain: startDrain}
+	a.degraded = degraded.New(degraded.Config{}, up, nil, func() {})
 	specs, err := apicache.ParseResources("pods,services")
 	if err != nil {
 		b.Fatal(err)
 	}
-	a.cache, err = apicache.New(apicache.Config{NodeName: "node-a", Resources: specs, RESTConfig: &rest.Config{Host: upstream.URL},
+	a.cache, err = apicache.New(apicache.Config{NodeName: "node-a", Resources: specs, RESTConfig: &rest.Config{Host: srv.URL},
 		OnDemand: true, MaxInFlightPerSource: apicache.DefaultMaxInFlightPerSource, Registerer: a.metrics.registry})
 	if err != nil {
 		b.Fatal(err)

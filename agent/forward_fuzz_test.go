@@ -46,7 +46,7 @@ func FuzzForwardRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, method, path, query, accept, hdrName, hdrValue string) {
 		a := newTestAgent(t, upstream)
-		t.Cleanup(a.up.transport.CloseIdleConnections)
+		t.Cleanup(a.up.Transport().CloseIdleConnections)
 		// The request is parsed from its wire form, as net/http's server
 		// parses what a pod sends: what it rejects never reaches the
 		// agent.

@@ -11,22 +11,31 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kube-apicache/kube-apicache/agent/degraded"
+	"github.com/kube-apicache/kube-apicache/agent/upstream"
 )
 
 // newTestAgent returns an agent whose upstream is the given test server.
 func newTestAgent(t *testing.T, upstream *httptest.Server) *Agent {
 	t.Helper()
-	u, _ := url.Parse(upstream.URL)
-	t0 := upstream.Client().Transport.(*http.Transport).Clone()
-	return newTestAgentWithUpstreams(t, &upstreams{transport: t0, upgradeTransport: http1Only(t0), endpoints: []*endpoint{newEndpoint(u)}})
+	return newTestAgentWithUpstreams(t, newTestUpstream(upstream, 0))
+}
+
+// newTestUpstream returns an upstream set over srv that buffers up to
+// buffered bytes of request bodies for a retry.
+func newTestUpstream(srv *httptest.Server, buffered int) *upstream.Set {
+	u, _ := url.Parse(srv.URL)
+	return upstream.NewWithTransport(srv.Client().Transport.(*http.Transport).Clone(), upstream.Config{Endpoints: []*url.URL{u}, MaxBufferedBodyBytes: buffered})
 }
 
 // newTestAgentWithUpstreams returns an agent that forwards to up.
-func newTestAgentWithUpstreams(t *testing.T, up *upstreams) *Agent {
+func newTestAgentWithUpstreams(t *testing.T, up *upstream.Set) *Agent {
 	t.Helper()
 	drain, startDrain := context.WithCancel(context.Background())
 	t.Cleanup(startDrain)
 	a := &Agent{cfg: &Config{}, up: up, metrics: newMetrics(), drain: drain, startDrain: startDrain}
+	a.degraded = degraded.New(degraded.Config{}, up, nil, func() {})
 	a.handler = a.buildHandler()
 	return a
 }
@@ -153,7 +162,7 @@ func TestForwardSPDYUpgradeUsesHTTP1(t *testing.T) {
 	upstream.StartTLS()
 	defer upstream.Close()
 	a := newTestAgent(t, upstream)
-	a.up.transport.ForceAttemptHTTP2 = true
+	a.up.Transport().ForceAttemptHTTP2 = true
 	front := httptest.NewServer(a.handler)
 	defer front.Close()
 

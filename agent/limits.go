@@ -15,14 +15,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/endpoints/request"
-	"k8s.io/apiserver/pkg/server/filters"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/fairshare"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/cache/access"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
 )
 
 // Limits bound what clients can make the agent hold: connections, those
@@ -409,14 +409,6 @@ func (l Limits) http2Config() *http.HTTP2Config {
 	}
 }
 
-// longRunning is kube-apiserver's own test of which requests are
-// long-running: they are exempt from the in-flight limits, since a watch or
-// an exec session may stay open for hours.
-var longRunning = filters.BasicLongRunningRequestCheck(
-	sets.NewString("watch", "proxy"),
-	sets.NewString("attach", "exec", "proxy", "log", "portforward"),
-)
-
 // limitInFlight bounds the requests h serves at once as kube-apiserver's
 // max-in-flight filter does: get and list requests (readOnly) apart from
 // the others (mutating), long-running ones not counted. Unlike that
@@ -427,7 +419,7 @@ var longRunning = filters.BasicLongRunningRequestCheck(
 // flow to its own priority-and-fairness share. A request past either
 // bound gets kube-apiserver's 429 with Retry-After: 1, which client-go
 // honours by retrying, and is counted as rejected under handler. The
-// request must carry its RequestInfo (withRequestInfo).
+// request must carry its RequestInfo (apihttp.WithRequestInfo).
 func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating fairshare.Limits) http.Handler {
 	if readOnly.Unbounded() && mutating.Unbounded() {
 		return h
@@ -450,7 +442,7 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 			info = &request.RequestInfo{Path: r.URL.Path, Verb: strings.ToLower(r.Method)}
 			r = r.WithContext(request.WithRequestInfo(r.Context(), info))
 		}
-		if longRunning(r, info) {
+		if apihttp.LongRunning(r, info) {
 			h.ServeHTTP(w, r)
 			return
 		}
@@ -527,7 +519,7 @@ func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
 	refusals := newThrottledLog("Requests refused: too many long-running", "long-running")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, ok := request.RequestInfoFrom(r.Context())
-		if !ok || !longRunning(r, info) {
+		if !ok || !apihttp.LongRunning(r, info) {
 			h.ServeHTTP(w, r)
 			return
 		}
@@ -584,7 +576,7 @@ func sourceOf(remoteAddr string) string {
 func (a *Agent) withRequestTimeout(h http.Handler, timeout time.Duration) http.Handler {
 	timeouts := newThrottledLog("Ended answers not written within the request timeout", "")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if isUpgrade(r) || isLongRunning(r) {
+		if apihttp.IsUpgrade(r) || apihttp.IsLongRunning(r) {
 			h.ServeHTTP(w, r)
 			return
 		}
@@ -650,7 +642,7 @@ func bodyIgnored(r *http.Request) bool {
 // RequestInfo.
 func withBodyDeadline(h http.Handler, timeout time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Body == nil || r.Body == http.NoBody || isUpgrade(r) || isLongRunning(r) {
+		if r.Body == nil || r.Body == http.NoBody || apihttp.IsUpgrade(r) || apihttp.IsLongRunning(r) {
 			h.ServeHTTP(w, r)
 			return
 		}
@@ -701,3 +693,8 @@ func bodyTimedOut(r *http.Request) error {
 	}
 	return nil
 }
+
+// DefaultMaxBufferedBodyBytes is the default bound of the request bodies
+// buffered for retries at once: 8 bodies of the largest size, or hundreds
+// of ordinary writes.
+const DefaultMaxBufferedBodyBytes = 8 << 20

@@ -18,7 +18,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
-	"net/url"
 	"os"
 	"runtime"
 	"strconv"
@@ -28,7 +27,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -36,6 +34,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/h2test"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
 )
 
 // staticCert is a certSource with one self-signed certificate for
@@ -1045,7 +1045,7 @@ func TestBodyIgnored(t *testing.T) {
 		{http.MethodPost, "/api/v1/namespaces/a/pods/p/exec?command=sh", false},
 	} {
 		r := httptest.NewRequest(tc.method, tc.path, nil)
-		if info, err := requestInfoFactory.NewRequestInfo(r); err == nil {
+		if info, err := apihttp.RequestInfoFactory.NewRequestInfo(r); err == nil {
 			r = r.WithContext(request.WithRequestInfo(r.Context(), info))
 		}
 		if got := bodyIgnored(r); got != tc.want {
@@ -1076,10 +1076,17 @@ func memInUse() int64 {
 // newTestAgentWithLimits is newTestAgent with limits set.
 func newTestAgentWithLimits(t *testing.T, upstream *httptest.Server, limits Limits) *Agent {
 	t.Helper()
-	a := newTestAgent(t, upstream)
+	return newTestAgentWithLimitsAndBodies(t, upstream, limits, 0)
+}
+
+// newTestAgentWithLimitsAndBodies is newTestAgentWithLimits whose upstream
+// set buffers up to buffered bytes of request bodies for a retry.
+func newTestAgentWithLimitsAndBodies(t *testing.T, upstream *httptest.Server, limits Limits, buffered int) *Agent {
+	t.Helper()
+	a := newTestAgentWithUpstreams(t, newTestUpstream(upstream, buffered))
 	a.cfg.Limits = limits
-	// As newUpstreams sets it; before the transport's first use.
-	a.up.transport.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: limits.withDefaults().HTTP2MaxUpstreamStreamBuffer}
+	// As upstream.New sets it; before the transport's first use.
+	a.up.Transport().HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: limits.withDefaults().HTTP2MaxUpstreamStreamBuffer}
 	a.handler = a.buildHandler()
 	return a
 }
@@ -1193,7 +1200,7 @@ func TestLongRunningLimit(t *testing.T) {
 func TestLongRunningFairShare(t *testing.T) {
 	a := &Agent{cfg: &Config{Limits: DefaultLimits()}, metrics: newMetrics()}
 	release := make(chan struct{})
-	h := withRequestInfo(a.limitLongRunning(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := apihttp.WithRequestInfo(a.limitLongRunning(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(r.Context().Value(admittedTestKey{}).(chan struct{}))
 		<-release
 	})))
@@ -1277,14 +1284,13 @@ func TestRequestBodyDeadline(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer upstream.Close()
-	a := newTestAgentWithLimits(t, upstream, Limits{RequestBodyTimeout: timeout})
-	s := startTestServer(t, a.handler, Limits{})
 	for _, tc := range []struct {
 		h2       bool
-		buffered int64
+		buffered int
 	}{{true, 0}, {false, 0}, {true, 8 << 20}, {false, 8 << 20}} {
 		h2 := tc.h2
-		a.up.bodies.max = tc.buffered
+		a := newTestAgentWithLimitsAndBodies(t, upstream, Limits{RequestBodyTimeout: timeout}, tc.buffered)
+		s := startTestServer(t, a.handler, Limits{})
 		t.Run(fmt.Sprintf("h2=%v,buffer=%d", h2, tc.buffered), func(t *testing.T) {
 			pr, pw := io.Pipe()
 			defer pw.Close()
@@ -1331,10 +1337,9 @@ func TestRequestBodyDeadlineShortRemainder(t *testing.T) {
 		w.WriteHeader(http.StatusCreated)
 	}))
 	defer upstream.Close()
-	a := newTestAgentWithLimits(t, upstream, Limits{RequestBodyTimeout: 300 * time.Millisecond})
-	s := startTestServer(t, a.handler, Limits{})
-	for _, buffered := range []int64{0, 8 << 20} {
-		a.up.bodies.max = buffered
+	for _, buffered := range []int{0, 8 << 20} {
+		a := newTestAgentWithLimitsAndBodies(t, upstream, Limits{RequestBodyTimeout: 300 * time.Millisecond}, buffered)
+		s := startTestServer(t, a.handler, Limits{})
 		conn := s.dial(t, "http/1.1")
 		head := fmt.Sprintf("POST /api/v1/namespaces/a/configmaps HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", 1<<20)
 		if _, err := conn.Write(append([]byte(head), make([]byte, 1<<20-100)...)); err != nil {
@@ -1349,46 +1354,5 @@ func TestRequestBodyDeadlineShortRemainder(t *testing.T) {
 		if resp.StatusCode != http.StatusGatewayTimeout {
 			t.Errorf("buffer %d: a body held back by 100 bytes: %d, want 504", buffered, resp.StatusCode)
 		}
-	}
-}
-
-// TestBufferedBodiesBounded: request bodies are buffered for a retry only
-// within the byte budget; past it they are streamed, and the budget is
-// given back when the round trip ends.
-func TestBufferedBodiesBounded(t *testing.T) {
-	var up *upstreams
-	var held []int64
-	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		held = append(held, up.bodies.used.Load())
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer upstream.Close()
-	u, _ := url.Parse(upstream.URL)
-	tr := upstream.Client().Transport.(*http.Transport).Clone()
-	up = &upstreams{transport: tr, upgradeTransport: http1Only(tr), endpoints: []*endpoint{newEndpoint(u)}}
-	up.bodies.max = 1500
-	send := func(n int) {
-		req, _ := http.NewRequest(http.MethodPost, upstream.URL+"/api/v1/namespaces/a/configmaps", io.NopCloser(strings.NewReader(strings.Repeat("x", n))))
-		req.ContentLength = int64(n)
-		resp, err := up.RoundTrip(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-	}
-	// 600 of 1500 bytes are held elsewhere: a 1000-byte body does not fit
-	// and is streamed; once they are given back, it is buffered.
-	if !up.bodies.reserve(600) {
-		t.Fatal("reserving within the budget failed")
-	}
-	send(1000)
-	up.bodies.release(600)
-	send(1000)
-	if diff := cmp.Diff([]int64{600, 1000}, held); diff != "" {
-		t.Errorf("budget held while upstream read each body (-want +got):\n%s", diff)
-	}
-	if n := up.bodies.used.Load(); n != 0 {
-		t.Errorf("%d bytes of the budget still held after the round trips", n)
 	}
 }

@@ -94,23 +94,6 @@ func newMetrics() *metrics {
 	return m
 }
 
-// requestInfoFactory parses requests the way kube-apiserver does.
-var requestInfoFactory = &request.RequestInfoFactory{
-	APIPrefixes:          sets.NewString("api", "apis"),
-	GrouplessAPIPrefixes: sets.NewString("api"),
-}
-
-// withRequestInfo parses each request once, as kube-apiserver's
-// WithRequestInfo filter does, and puts the result in its context.
-func withRequestInfo(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if info, err := requestInfoFactory.NewRequestInfo(r); err == nil {
-			r = r.WithContext(request.WithRequestInfo(r.Context(), info))
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
 // instrument records every request that passes through h under handler.
 // Each series is looked up in the vectors once, when it is first seen:
 // the label values (a bounded verb, a bounded resource, the code) key

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
 )
 
 func TestInstrumentLabels(t *testing.T) {
@@ -41,7 +43,7 @@ func TestInstrumentLabels(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMetrics()
-			h := withRequestInfo(m.instrument("forward", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			h := apihttp.WithRequestInfo(m.instrument("forward", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 				w.WriteHeader(tc.code)
 			})))
 			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(tc.method, tc.target, nil))
@@ -58,7 +60,7 @@ func TestInstrumentLabels(t *testing.T) {
 func TestResourceLabelsBounded(t *testing.T) {
 	m := newMetrics()
 	m.resources.max = 3
-	h := withRequestInfo(m.instrument("forward", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
+	h := apihttp.WithRequestInfo(m.instrument("forward", http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})))
 	for i := range 10 {
 		h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/api/v1/junk"+strings.Repeat("x", i), nil))
 	}

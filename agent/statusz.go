@@ -63,7 +63,7 @@ func (a *Agent) Status() Status {
 	} else {
 		s.Ready = true
 	}
-	for _, ep := range a.up.status() {
+	for _, ep := range a.up.Status() {
 		s.Upstreams = append(s.Upstreams, UpstreamStatus{Endpoint: ep.Host, Healthy: ep.Healthy, Active: ep.Active})
 	}
 	families, _ := a.metrics.registry.Gather()

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -231,4 +232,25 @@ func NodeAddresses() (map[netip.Addr]bool, error) {
 		}
 	}
 	return out, nil
+}
+
+// MarkSocket returns a dialer Control that sets SO_MARK on every socket;
+// nil for mark 0.
+func MarkSocket(mark uint32) func(network, address string, c syscall.RawConn) error {
+	if mark == 0 {
+		return nil
+	}
+	return func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(mark))
+		})
+		if err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("setting SO_MARK 0x%x on socket: %w", mark, serr)
+		}
+		return nil
+	}
 }

@@ -1,4 +1,4 @@
-package agent
+package upstream
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,7 +13,7 @@ var (
 
 // upstreamCollector reports the endpoints as they are at scrape time, so
 // endpoints that went away leave no stale series.
-type upstreamCollector struct{ up *upstreams }
+type upstreamCollector struct{ up *Set }
 
 func (c *upstreamCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- upstreamHealthyDesc
@@ -21,7 +21,7 @@ func (c *upstreamCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *upstreamCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, s := range c.up.status() {
+	for _, s := range c.up.Status() {
 		ch <- prometheus.MustNewConstMetric(upstreamHealthyDesc, prometheus.GaugeValue, b2f(s.Healthy), s.Host)
 		ch <- prometheus.MustNewConstMetric(upstreamActiveDesc, prometheus.GaugeValue, b2f(s.Active), s.Host)
 	}
@@ -32,4 +32,10 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// Collectors are the set's metrics, read at scrape time: each endpoint's
+// health and activity, and the probes by reason.
+func (u *Set) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{&upstreamCollector{up: u}, &healthCollector{up: u}}
 }

@@ -1,4 +1,4 @@
-package agent
+package upstream
 
 import (
 	"testing"
@@ -9,7 +9,7 @@ import (
 )
 
 // TestEndpointURLs: only ready endpoints of the https port become
-// upstreams, deduplicated across slices and sorted.
+// Set, deduplicated across slices and sorted.
 func TestEndpointURLs(t *testing.T) {
 	https := []discoveryv1.EndpointPort{{Name: ptr.To("https"), Port: ptr.To[int32](6443)}}
 	slices := []*discoveryv1.EndpointSlice{{

@@ -1,4 +1,4 @@
-package agent
+package upstream
 
 import (
 	"context"
@@ -86,11 +86,11 @@ type healthStats struct {
 }
 
 // healthTiming returns the health period and success window, with defaults
-// for an upstreams built without them (tests).
-func (u *upstreams) healthTiming() (period, window time.Duration) {
+// for a Set built without them (tests).
+func (u *Set) healthTiming() (period, window time.Duration) {
 	period, window = u.period, u.window
 	if period <= 0 {
-		period = DefaultUpstreamHealthPeriod
+		period = DefaultHealthPeriod
 	}
 	if window <= 0 {
 		window = successWindow
@@ -98,12 +98,12 @@ func (u *upstreams) healthTiming() (period, window time.Duration) {
 	return period, window
 }
 
-// probeTimeout is how long one probe, and one HTTP/2 ping, may take.
-func probeTimeout(period time.Duration) time.Duration {
+// ProbeTimeout is how long one probe, and one HTTP/2 ping, may take.
+func ProbeTimeout(period time.Duration) time.Duration {
 	return min(max(period, time.Second), 5*time.Second)
 }
 
-func (u *upstreams) clock() time.Time {
+func (u *Set) clock() time.Time {
 	if u.now != nil {
 		return u.now()
 	}
@@ -111,7 +111,7 @@ func (u *upstreams) clock() time.Time {
 }
 
 // wake asks the health loop to look at the endpoints now.
-func (u *upstreams) wake() {
+func (u *Set) wake() {
 	select {
 	case u.kick <- struct{}{}:
 	default:
@@ -142,7 +142,7 @@ func unixTime(ns int64) time.Time {
 
 // due reports why ep needs a probe at now, if it does. anyHealthy tells
 // whether some endpoint is healthy. u.mu must be held.
-func (u *upstreams) due(ep *endpoint, now time.Time, anyHealthy bool) (probeReason, bool) {
+func (u *Set) due(ep *endpoint, now time.Time, anyHealthy bool) (probeReason, bool) {
 	period, window := u.healthTiming()
 	if ep.probing {
 		return 0, false
@@ -173,11 +173,11 @@ func (u *upstreams) due(ep *endpoint, now time.Time, anyHealthy bool) (probeReas
 	return 0, false
 }
 
-// run probes the endpoints that need it, looking at once, then every
+// Run probes the endpoints that need it, looking at once, then every
 // health period (jittered) and whenever a failure is reported or an
 // endpoint added, until ctx ends.
-func (u *upstreams) run(ctx context.Context, period time.Duration) {
-	timeout := probeTimeout(period)
+func (u *Set) Run(ctx context.Context, period time.Duration) {
+	timeout := ProbeTimeout(period)
 	u.probeDue(ctx, timeout)
 	for {
 		t := time.NewTimer(wait.Jitter(period, 0.2))
@@ -195,7 +195,7 @@ func (u *upstreams) run(ctx context.Context, period time.Duration) {
 
 // probeDue probes every endpoint that needs it now, and reports whether
 // anything changed.
-func (u *upstreams) probeDue(ctx context.Context, timeout time.Duration) bool {
+func (u *Set) probeDue(ctx context.Context, timeout time.Duration) bool {
 	now := u.clock()
 	u.mu.Lock()
 	anyHealthy := slices.ContainsFunc(u.endpoints, func(ep *endpoint) bool { return ep.healthy })
@@ -216,7 +216,7 @@ func (u *upstreams) probeDue(ctx context.Context, timeout time.Duration) bool {
 
 // checkAll probes every endpoint now and records the results, as probeDue
 // does. It reports whether anything changed.
-func (u *upstreams) checkAll(ctx context.Context, timeout time.Duration) bool {
+func (u *Set) checkAll(ctx context.Context, timeout time.Duration) bool {
 	u.mu.Lock()
 	eps := slices.Clone(u.endpoints)
 	u.mu.Unlock()
@@ -231,7 +231,7 @@ func (u *upstreams) checkAll(ctx context.Context, timeout time.Duration) bool {
 // endpoint moves to a healthy one if it failed, and the streams of an
 // endpoint that failed deadAfter probes in a row are ended. It reports
 // whether anything changed.
-func (u *upstreams) probe(ctx context.Context, eps []*endpoint, reasons []probeReason, timeout time.Duration) bool {
+func (u *Set) probe(ctx context.Context, eps []*endpoint, reasons []probeReason, timeout time.Duration) bool {
 	_, window := u.healthTiming()
 	started := u.clock()
 	u.mu.Lock()
@@ -300,8 +300,8 @@ func (u *upstreams) probe(ctx context.Context, eps []*endpoint, reasons []probeR
 	for _, c := range cancels {
 		c()
 	}
-	if changed && u.onChange != nil {
-		u.onChange()
+	if changed && u.OnChange != nil {
+		u.OnChange()
 	}
 	return changed
 }
@@ -310,7 +310,7 @@ func (u *upstreams) probe(ctx context.Context, eps []*endpoint, reasons []probeR
 // and reports whether it did. The new active endpoint is probed at once if
 // its last success is older than a health period: its health may be as
 // old as the success window. u.mu must be held.
-func (u *upstreams) failoverLocked(logger klog.Logger, now time.Time) bool {
+func (u *Set) failoverLocked(logger klog.Logger, now time.Time) bool {
 	cur := u.endpoints[u.active]
 	if cur.healthy {
 		return false
@@ -332,8 +332,8 @@ func (u *upstreams) failoverLocked(logger klog.Logger, now time.Time) bool {
 
 // reportFailure marks host unhealthy after a request to it failed, so new
 // requests go elsewhere, and has the health loop probe it at once: a
-// healthy endpoint is back after one probe.
-func (u *upstreams) reportFailure(logger klog.Logger, host string, err error) {
+// Healthy endpoint is back after one probe.
+func (u *Set) reportFailure(logger klog.Logger, host string, err error) {
 	u.stats.passiveFailures.Add(1)
 	u.mu.Lock()
 	ep := u.find(host)
@@ -350,15 +350,15 @@ func (u *upstreams) reportFailure(logger klog.Logger, host string, err error) {
 	if ep != nil {
 		u.wake()
 	}
-	if changed && u.onChange != nil {
-		u.onChange()
+	if changed && u.OnChange != nil {
+		u.OnChange()
 	}
 }
 
 // check probes one endpoint: the TLS handshake must verify and /readyz must
 // answer. The probe is anonymous, so 401 and 403 (anonymous auth off, or
 // /readyz not public) still prove a live, genuine apiserver.
-func (u *upstreams) check(ctx context.Context, ep *url.URL) error {
+func (u *Set) check(ctx context.Context, ep *url.URL) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, ep.JoinPath("/readyz").String(), nil)
@@ -378,9 +378,9 @@ func (u *upstreams) check(ctx context.Context, ep *url.URL) error {
 	return fmt.Errorf("GET %s/readyz: %s", ep.Host, resp.Status)
 }
 
-// waitHealthy checks the endpoints until one answers or timeout passes, and
+// WaitHealthy checks the endpoints until one answers or timeout passes, and
 // makes the first healthy one active.
-func (u *upstreams) waitHealthy(ctx context.Context, timeout time.Duration) error {
+func (u *Set) WaitHealthy(ctx context.Context, timeout time.Duration) error {
 	logger := klog.FromContext(ctx)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -428,7 +428,7 @@ func b2i(b bool) int {
 // is a failure of ep (the connection broke, or its ping went unanswered).
 type observedBody struct {
 	io.ReadCloser
-	up   *upstreams
+	up   *Set
 	ep   *endpoint
 	ctx  context.Context // the request's, ended by the caller or the agent
 	good bool            // the status was under 500
@@ -448,7 +448,7 @@ func (b *observedBody) Read(p []byte) (int, error) {
 	}
 	if err != nil && err != io.EOF && b.ctx.Err() == nil && !b.closed.Load() && b.reported.CompareAndSwap(false, true) {
 		switch {
-		case isPeerReset(err):
+		case IsPeerReset(err):
 			// The endpoint reset this one stream: kube-apiserver does so
 			// when a handler aborts (a pod's proxied or streamed response
 			// broken off by the pod, which any tenant can arrange), while
@@ -475,10 +475,10 @@ func isStreamReset(err error) bool {
 	return strings.HasPrefix(err.Error(), "stream error: ")
 }
 
-// isPeerReset reports whether err is a stream reset the endpoint sent
+// IsPeerReset reports whether err is a stream reset the endpoint sent
 // (RST_STREAM): net/http's HTTP/2 client ends those messages with
 // "received from peer", and its own stream errors without.
-func isPeerReset(err error) bool {
+func IsPeerReset(err error) bool {
 	return err != nil && isStreamReset(err) && strings.HasSuffix(err.Error(), "; received from peer")
 }
 
@@ -490,7 +490,7 @@ func (b *observedBody) Close() error {
 }
 
 // healthCollector reports the health evidence of the upstream endpoints.
-type healthCollector struct{ up *upstreams }
+type healthCollector struct{ up *Set }
 
 var (
 	upstreamProbesDesc = prometheus.NewDesc("kube_apicache_upstream_probes_total",
@@ -505,7 +505,7 @@ var (
 )
 
 // healthCollector returns the collector of the health metrics.
-func (u *upstreams) healthCollector() prometheus.Collector { return &healthCollector{up: u} }
+func (u *Set) healthCollector() prometheus.Collector { return &healthCollector{up: u} }
 
 func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- upstreamProbesDesc

@@ -1,4 +1,4 @@
-package agent
+package upstream
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 // testEndpoint is an apiserver stand-in whose health can be switched off.
@@ -53,11 +55,11 @@ func newTestEndpointWithCert(t *testing.T, cert *tls.Certificate, handler http.H
 	return e
 }
 
-// newTestUpstreams returns upstreams over eps (httptest servers share one
+// newTestUpstreams returns Set over eps (httptest servers share one
 // certificate, so one transport trusts them all).
-func newTestUpstreams(eps ...*testEndpoint) *upstreams {
+func newTestUpstreams(eps ...*testEndpoint) *Set {
 	t0 := eps[0].srv.Client().Transport.(*http.Transport).Clone()
-	u := &upstreams{transport: t0, upgradeTransport: http1Only(t0)}
+	u := &Set{transport: t0, upgradeTransport: http1Only(t0)}
 	for _, e := range eps {
 		u.endpoints = append(u.endpoints, newEndpoint(e.url))
 	}
@@ -118,10 +120,10 @@ func TestRetryOnDeadEndpoint(t *testing.T) {
 	if got := bodies.Load(); got != 3 {
 		t.Errorf("%d of 3 retried requests arrived with their body intact", got)
 	}
-	if got := u.pick().Host; got != live.url.Host {
+	if got := u.Pick().Host; got != live.url.Host {
 		t.Errorf("active = %s, want %s", got, live.url.Host)
 	}
-	if err := u.healthy(); err != nil {
+	if err := u.Healthy(); err != nil {
 		t.Errorf("healthy() = %v", err)
 	}
 }
@@ -168,9 +170,9 @@ func TestFailoverAndStreamEnd(t *testing.T) {
 	b := newTestEndpoint(t, ok)
 	u := newTestUpstreams(a, b)
 	changes := atomic.Int32{}
-	u.onChange = func() { changes.Add(1) }
+	u.OnChange = func() { changes.Add(1) }
 	u.checkAll(context.Background(), time.Second)
-	if got := u.pick().Host; got != a.url.Host {
+	if got := u.Pick().Host; got != a.url.Host {
 		t.Fatalf("active = %s, want the first healthy endpoint %s", got, a.url.Host)
 	}
 	req, _ := http.NewRequest(http.MethodGet, a.url.JoinPath("/api/v1/pods").String()+"?watch=true", nil)
@@ -187,7 +189,7 @@ func TestFailoverAndStreamEnd(t *testing.T) {
 
 	a.sick.Store(true)
 	u.checkAll(context.Background(), time.Second)
-	if got := u.pick().Host; got != b.url.Host {
+	if got := u.Pick().Host; got != b.url.Host {
 		t.Errorf("after one failed check active = %s, want %s", got, b.url.Host)
 	}
 	if changes.Load() == 0 {
@@ -203,7 +205,7 @@ func TestFailoverAndStreamEnd(t *testing.T) {
 	}
 	a.sick.Store(false)
 	u.checkAll(context.Background(), time.Second)
-	if err := u.healthy(); err != nil {
+	if err := u.Healthy(); err != nil {
 		t.Errorf("healthy() = %v", err)
 	}
 }
@@ -215,18 +217,18 @@ func TestSetEndpoints(t *testing.T) {
 	a, b := newTestEndpoint(t, ok), newTestEndpoint(t, ok)
 	u := newTestUpstreams(a)
 	u.checkAll(context.Background(), time.Second)
-	u.setEndpoints(nil)
-	if len(u.status()) != 1 {
-		t.Fatalf("an empty list emptied the endpoints: %v", u.status())
+	u.SetEndpoints(nil)
+	if len(u.Status()) != 1 {
+		t.Fatalf("an empty list emptied the endpoints: %v", u.Status())
 	}
 	u.kick = make(chan struct{}, 1)
-	u.setEndpoints([]*url.URL{b.url, a.url})
+	u.SetEndpoints([]*url.URL{b.url, a.url})
 	select {
 	case <-u.kick:
 	default:
 		t.Error("a new endpoint was not sent to the health loop for a probe")
 	}
-	st := u.status()
+	st := u.Status()
 	if len(st) != 2 || !st[1].Active || !st[1].Healthy || st[0].Healthy {
 		t.Errorf("status = %+v, want a kept active and healthy, b new and unchecked", st)
 	}
@@ -259,5 +261,45 @@ func TestTrackEveryRequest(t *testing.T) {
 	}
 	if left := len(u.endpoints[0].inflight); left != 0 {
 		t.Errorf("%d requests still tracked after all were done", left)
+	}
+}
+
+// TestBufferedBodiesBounded: request bodies are buffered for a retry only
+// within the byte budget; past it they are streamed, and the budget is
+// given back when the round trip ends.
+func TestBufferedBodiesBounded(t *testing.T) {
+	var up *Set
+	var held []int64
+	upstream := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		held = append(held, up.bodies.used.Load())
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer upstream.Close()
+	u, _ := url.Parse(upstream.URL)
+	tr := upstream.Client().Transport.(*http.Transport).Clone()
+	up = NewWithTransport(tr, Config{Endpoints: []*url.URL{u}, MaxBufferedBodyBytes: 1500})
+	send := func(n int) {
+		req, _ := http.NewRequest(http.MethodPost, upstream.URL+"/api/v1/namespaces/a/configmaps", io.NopCloser(strings.NewReader(strings.Repeat("x", n))))
+		req.ContentLength = int64(n)
+		resp, err := up.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	// 600 of 1500 bytes are held elsewhere: a 1000-byte body does not fit
+	// and is streamed; once they are given back, it is buffered.
+	if !up.bodies.reserve(600) {
+		t.Fatal("reserving within the budget failed")
+	}
+	send(1000)
+	up.bodies.release(600)
+	send(1000)
+	if diff := cmp.Diff([]int64{600, 1000}, held); diff != "" {
+		t.Errorf("budget held while upstream read each body (-want +got):\n%s", diff)
+	}
+	if n := up.bodies.used.Load(); n != 0 {
+		t.Errorf("%d bytes of the budget still held after the round trips", n)
 	}
 }

@@ -1,4 +1,4 @@
-package agent
+package upstream
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -88,7 +89,7 @@ func (ca *upstreamTestCA) issue(t *testing.T, subject pkix.Name, dns []string, i
 
 // TestUpstreamVerification runs a fake kube-apiserver endpoint on 127.0.0.1
 // with each kind of certificate, builds the upstream transport as the agent
-// does (newUpstreams), and checks that a pod's request through the agent
+// does (New), and checks that a pod's request through the agent
 // reaches it, credentials and all, only when its certificate is
 // kube-apiserver's: signed by --upstream-ca-file, carrying the server name
 // (kubernetes.default.svc unless --upstream-server-name says otherwise),
@@ -182,11 +183,11 @@ func TestUpstreamVerification(t *testing.T) {
 				}
 				ok(w, r)
 			})
-			up, err := newUpstreams(&Config{UpstreamCAFile: ca.file, UpstreamServerName: tc.serverName, Upstreams: []*url.URL{ep.url}})
+			up, err := New(Config{CAFile: ca.file, ServerName: tc.serverName, Endpoints: []*url.URL{ep.url}})
 			if err != nil {
 				t.Fatal(err)
 			}
-			front := httptest.NewServer(newTestAgentWithUpstreams(t, up).handler)
+			front := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(up.Pick()) }, Transport: up})
 			defer front.Close()
 
 			for _, r := range []struct{ method, path, upgrade string }{
@@ -204,7 +205,9 @@ func TestUpstreamVerification(t *testing.T) {
 					t.Fatal(err)
 				}
 				resp.Body.Close()
-				want := http.StatusServiceUnavailable
+				// A proxy in front answers the transport's refusal with
+				// 502 (the agent's forwarder answers 503 and a Status).
+				want := http.StatusBadGateway
 				if tc.wantForwarded {
 					want = http.StatusOK
 				}
@@ -273,9 +276,9 @@ func TestUpstreamCAFile(t *testing.T) {
 	}}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := newUpstreams(&Config{UpstreamCAFile: tc.file})
+			_, err := New(Config{CAFile: tc.file})
 			if err == nil || err.Error() != tc.want {
-				t.Errorf("newUpstreams() = %v, want %q", err, tc.want)
+				t.Errorf("New() = %v, want %q", err, tc.want)
 			}
 			if err != nil && strings.Contains(err.Error(), "\n") {
 				t.Errorf("error spans lines: %q", err)

@@ -1,4 +1,4 @@
-package agent
+package degraded
 
 import (
 	"context"
@@ -9,21 +9,20 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/interception"
+	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
 // Degraded mode: when no kube-apiserver endpoint has answered the agent for
-// a short while (degradedAfter) and kube-proxy's own path to the Service
+// a short while (two health periods) and kube-proxy's own path to the Service
 // VIP fails too, handing the VIP back to kube-proxy would gain the pods
 // nothing. The agent then keeps the redirect (while its listener and
 // certificate are healthy) and:
@@ -41,11 +40,16 @@ import (
 // endpoints), the pods are better off there: the agent steps aside, as it
 // always did. It leaves degraded mode as soon as an endpoint is healthy.
 //
-// Until it knows which case it is in (at most degradedAfter plus one probe
+// Until it knows which case it is in (at most two health periods plus one probe
 // of kube-proxy's path after the last endpoint failed), the agent keeps
 // the redirect: the pods would otherwise be sent to a path that fails too,
 // and reads with a still valid 10 s decision would be lost meanwhile.
-type degradedMode struct {
+type Mode struct {
+	// cfg is fixed at construction; up is the upstream set whose health
+	// decides; now is the clock.
+	cfg Config
+	up  Upstream
+	now func() time.Time
 	// ttl is --degraded-decision-ttl; zero disables the mode.
 	ttl time.Duration
 	// after is how long no endpoint must have answered; probeTimeout
@@ -74,48 +78,80 @@ type degradedMode struct {
 	proxyErr error
 }
 
+// Upstream is what degraded mode reads of the upstream set.
+type Upstream interface {
+	// Healthy returns nil while an endpoint is healthy, else why none is.
+	Healthy() error
+	// LastAnswer is when any endpoint last answered (zero: never).
+	LastAnswer() time.Time
+	// Pick is the endpoint requests go to, for logs.
+	Pick() *url.URL
+}
+
+// Config is degraded mode's part of the agent's configuration.
+type Config struct {
+	// TTL is --degraded-decision-ttl; zero disables the mode.
+	TTL time.Duration
+	// HealthPeriod is the upstream health period: no endpoint answered for
+	// two of them (at least two seconds) may start the mode.
+	HealthPeriod time.Duration
+	// Interval is how often the mode is decided (the liveness interval);
+	// ProbeTimeout bounds one probe of kube-proxy's path.
+	Interval, ProbeTimeout time.Duration
+	// ServicePort and SocketMark reach kube-proxy's path to the VIPs.
+	ServicePort uint16
+	SocketMark  uint32
+}
+
+// New returns the mode, off until Run finds the outage. vips lists the
+// Service VIPs whose kube-proxy path is probed; requestSync asks the
+// interceptor for a sync when the mode changes (its health changes with
+// it).
+func New(cfg Config, up Upstream, vips func() []netip.Addr, requestSync func()) *Mode {
+	return &Mode{
+		cfg: cfg, up: up, now: time.Now, ttl: cfg.TTL,
+		after:        max(2*cfg.HealthPeriod, 2*time.Second),
+		probeTimeout: cfg.ProbeTimeout,
+		vips:         vips, requestSync: requestSync,
+	}
+}
+
 // kubeProxyProber checks kube-proxy's path to the Service VIP: nil when
 // kube-apiserver answers there (probeKubeProxy; tests pass fakes).
 type kubeProxyProber func(ctx context.Context) error
 
-// degradedAfter is how long no upstream endpoint must have answered before
-// degraded mode may start: two health periods, at least two seconds.
-func (a *Agent) degradedAfter() time.Duration {
-	return max(2*a.cfg.UpstreamHealthPeriod, 2*time.Second)
-}
-
-// Degraded returns when degraded mode began, and whether the agent is in
+// Since returns when degraded mode began, and whether the agent is in
 // it.
-func (a *Agent) Degraded() (time.Time, bool) {
-	ns := a.degraded.since.Load()
-	return unixTime(ns), ns != 0
+func (m *Mode) Since() (time.Time, bool) {
+	ns := m.since.Load()
+	return time.Unix(0, ns), ns != 0
 }
 
-// degradedNow reports whether the agent is in degraded mode.
-func (a *Agent) degradedNow() bool { return a.degraded.since.Load() != 0 }
+// Active reports whether the agent is in degraded mode.
+func (m *Mode) Active() bool { return m.since.Load() != 0 }
 
-// reviewsUnreachable reports whether a failed access review may be
+// ReviewsUnreachable reports whether a failed access review may be
 // answered as in degraded mode (from a recent allow decision): no upstream
 // endpoint is healthy and the agent is deciding whether to enter degraded
 // mode. Deciding takes a few seconds in which the agent keeps the
 // redirect; a read whose review failed meanwhile would fail with it. The
 // review must have failed too: endpoint health alone never switches
 // reviews off.
-func (a *Agent) reviewsUnreachable() bool {
-	if a.degradedNow() {
+func (m *Mode) ReviewsUnreachable() bool {
+	if m.Active() {
 		return true
 	}
-	if a.degraded.ttl <= 0 {
+	if m.ttl <= 0 {
 		return false
 	}
-	err := a.up.healthy()
-	return err != nil && a.degraded.covers(a.now(), err) == nil
+	err := m.up.Healthy()
+	return err != nil && m.Covers(m.now(), err) == nil
 }
 
-// covers decides whether an agent without a healthy upstream endpoint (the
+// Covers decides whether an agent without a healthy upstream endpoint (the
 // health error err) keeps intercepting, and returns nil if it does, else
 // the reason it does not. It does not block.
-func (m *degradedMode) covers(now time.Time, err error) error {
+func (m *Mode) Covers(now time.Time, err error) error {
 	if m.ttl <= 0 {
 		return err
 	}
@@ -137,24 +173,23 @@ func (m *degradedMode) covers(now time.Time, err error) error {
 	return err
 }
 
-// stepDegraded looks at the upstream endpoints once, at now, probing
+// step looks at the upstream endpoints once, at now, probing
 // kube-proxy's path when that decides anything, and enters or leaves
 // degraded mode. recheck is how often kube-proxy's path is probed again
 // while no endpoint is healthy.
-func (a *Agent) stepDegraded(ctx context.Context, now time.Time, recheck time.Duration, probe kubeProxyProber) {
-	m := &a.degraded
+func (m *Mode) step(ctx context.Context, now time.Time, recheck time.Duration, probe kubeProxyProber) {
 	if m.ttl <= 0 {
 		return
 	}
 	logger := klog.FromContext(ctx)
-	if a.up.healthy() == nil {
+	if m.up.Healthy() == nil {
 		m.mu.Lock()
 		m.downSince, m.probedAt, m.proxyErr = time.Time{}, time.Time{}, nil
 		m.mu.Unlock()
 		if since := m.since.Swap(0); since != 0 {
-			logger.Info("Leaving degraded mode: an upstream endpoint answers", "degradedSince", unixTime(since).UTC(),
-				"duration", now.Sub(unixTime(since)).Round(time.Millisecond), "upstream", a.up.pick().Host)
-			a.degraded.requestSync()
+			logger.Info("Leaving degraded mode: an upstream endpoint answers", "degradedSince", time.Unix(0, since).UTC(),
+				"duration", now.Sub(time.Unix(0, since)).Round(time.Millisecond), "upstream", m.up.Pick().Host)
+			m.requestSync()
 		}
 		return
 	}
@@ -173,29 +208,33 @@ func (a *Agent) stepDegraded(ctx context.Context, now time.Time, recheck time.Du
 	if ctx.Err() != nil {
 		return
 	}
-	m.probes[b2i(err != nil)].Add(1)
+	failed := 0
+	if err != nil {
+		failed = 1
+	}
+	m.probes[failed].Add(1)
 	m.mu.Lock()
 	m.probedAt, m.proxyErr = now, err
 	m.mu.Unlock()
-	quiet := now.Sub(a.up.lastAnswer())
+	quiet := now.Sub(m.up.LastAnswer())
 	switch {
 	case err == nil:
 		if since := m.since.Swap(0); since != 0 {
 			logger.Info("Leaving degraded mode: kube-apiserver answers through kube-proxy's path, not to the agent; handing the VIP back to kube-proxy",
-				"degradedSince", unixTime(since).UTC(), "upstream", a.up.healthy())
+				"degradedSince", time.Unix(0, since).UTC(), "upstream", m.up.Healthy())
 		} else {
 			logger.Info("kube-apiserver answers through kube-proxy's path, not to the agent; handing the VIP back to kube-proxy",
-				"upstream", a.up.healthy())
+				"upstream", m.up.Healthy())
 		}
-		a.degraded.requestSync()
+		m.requestSync()
 	case m.since.Load() != 0:
 		logger.V(2).Info("Still degraded: kube-proxy's path fails too", "err", err)
 	case quiet >= m.after:
 		m.since.Store(now.UnixNano())
-		logger.Error(a.up.healthy(), "Entering degraded mode: no kube-apiserver endpoint answers, through the agent or kube-proxy's path; "+
+		logger.Error(m.up.Healthy(), "Entering degraded mode: no kube-apiserver endpoint answers, through the agent or kube-proxy's path; "+
 			"answering cached reads to callers with a recent allow decision, failing everything else fast",
 			"decisionTTL", m.ttl, "kubeProxyPath", err.Error(), "lastAnswer", quiet.Round(time.Millisecond))
-		a.degraded.requestSync()
+		m.requestSync()
 	default:
 		// kube-proxy's path fails, but an endpoint answered too recently:
 		// probe again at the next look.
@@ -205,22 +244,21 @@ func (a *Agent) stepDegraded(ctx context.Context, now time.Time, recheck time.Du
 	}
 }
 
-// runDegraded decides on degraded mode every liveness interval until ctx
-// ends.
-func (a *Agent) runDegraded(ctx context.Context) {
-	if a.degraded.ttl <= 0 {
+// Run decides on degraded mode every interval until ctx ends.
+func (m *Mode) Run(ctx context.Context) {
+	if m.ttl <= 0 {
 		return
 	}
-	t := time.NewTicker(a.cfg.LivenessInterval())
+	t := time.NewTicker(m.cfg.Interval)
 	defer t.Stop()
-	recheck := max(a.cfg.UpstreamHealthPeriod, time.Second)
+	recheck := max(m.cfg.HealthPeriod, time.Second)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		a.stepDegraded(ctx, a.now(), recheck, a.probeKubeProxy)
+		m.step(ctx, m.now(), recheck, m.probeKubeProxy)
 	}
 }
 
@@ -233,10 +271,10 @@ func (a *Agent) runDegraded(ctx context.Context) {
 // wrong --upstream-ca-file must not make the agent keep the pods). A
 // connection that lands on an agent instead answers too, and so keeps the
 // agent out of degraded mode: the safe side.
-func (a *Agent) probeKubeProxy(ctx context.Context) error {
+func (m *Mode) probeKubeProxy(ctx context.Context) error {
 	var errs []error
-	for _, vip := range a.degraded.vips() {
-		err := a.probeVIP(ctx, netip.AddrPortFrom(vip, a.cfg.ServicePort))
+	for _, vip := range m.vips() {
+		err := m.probeVIP(ctx, netip.AddrPortFrom(vip, m.cfg.ServicePort))
 		if err == nil {
 			return nil
 		}
@@ -250,8 +288,8 @@ func (a *Agent) probeKubeProxy(ctx context.Context) error {
 
 // probeVIP sends GET /readyz to addr with the socket mark and returns nil
 // on any HTTP answer.
-func (a *Agent) probeVIP(ctx context.Context, addr netip.AddrPort) error {
-	dialer := &net.Dialer{Control: markSocket(a.cfg.SocketMark)}
+func (m *Mode) probeVIP(ctx context.Context, addr netip.AddrPort) error {
+	dialer := &net.Dialer{Control: netrules.MarkSocket(m.cfg.SocketMark)}
 	t := &http.Transport{
 		Proxy:       nil,
 		DialContext: dialer.DialContext,
@@ -275,52 +313,15 @@ func (a *Agent) probeVIP(ctx context.Context, addr netip.AddrPort) error {
 	return nil
 }
 
-// degradedRetryAfter is the Retry-After of the fast failures of degraded
-// mode, in seconds.
-const degradedRetryAfter = 1
-
-// failFastWhenDegraded answers, in degraded mode, the requests next would
-// forward, without trying: consistent reads get kube-apiserver's timeout
-// status (504, as its request timeout writes it), watches 429 with
-// Retry-After (client-go resumes them from their resourceVersion, where
-// 503 would make informers relist), everything else 503 with Retry-After.
-// Outside degraded mode it is next.
-func (a *Agent) failFastWhenDegraded(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !a.degradedNow() {
-			next.ServeHTTP(w, r)
-			return
-		}
-		info, _ := request.RequestInfoFrom(r.Context())
-		switch {
-		case info != nil && info.IsResourceRequest && (info.Verb == "get" || info.Verb == "list") && isConsistentRead(r):
-			writeStatus(w, r, apierrors.NewTimeoutError("request did not complete within the allotted timeout", 0))
-		case info != nil && info.Verb == "watch":
-			writeStatus(w, r, apierrors.NewTooManyRequests("kube-apiserver is unreachable (the node-local API proxy is in degraded mode); retry the watch", degradedRetryAfter))
-		default:
-			err := apierrors.NewServiceUnavailable("kube-apiserver is unreachable (the node-local API proxy is in degraded mode, serving only cached reads)")
-			err.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: degradedRetryAfter}
-			writeStatus(w, r, err)
-		}
-	})
-}
-
-// isConsistentRead reports whether a get or list asks for the most recent
-// data: no resourceVersion (and no continue token, which carries one).
-func isConsistentRead(r *http.Request) bool {
-	q := r.URL.Query()
-	return q.Get("resourceVersion") == "" && q.Get("continue") == ""
-}
-
-// degradedNote tells /readyz and /intercepting that the agent is
-// degraded, and since when; "" otherwise.
-func (a *Agent) degradedNote() string {
-	since, ok := a.Degraded()
+// Note tells /readyz and /intercepting that the agent is degraded, and
+// since when; "" otherwise.
+func (m *Mode) Note() string {
+	since, ok := m.Since()
 	if !ok {
 		return ""
 	}
 	return fmt.Sprintf("degraded since %s (%s): kube-apiserver unreachable, through the agent and kube-proxy's path; cached reads are answered to callers allowed within %s",
-		since.UTC().Format(time.RFC3339), a.now().Sub(since).Round(time.Second), a.degraded.ttl)
+		since.UTC().Format(time.RFC3339), m.now().Sub(since).Round(time.Second), m.ttl)
 }
 
 var (
@@ -335,8 +336,11 @@ var (
 		[]string{"result"}, nil)
 )
 
-// degradedCollector exports the degraded mode's state.
-type degradedCollector struct{ m *degradedMode }
+// Collector exports the mode's state, read at scrape time.
+func (m *Mode) Collector() prometheus.Collector { return degradedCollector{m} }
+
+// degradedCollector is Collector.
+type degradedCollector struct{ m *Mode }
 
 func (c degradedCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- degradedDesc
@@ -346,20 +350,16 @@ func (c degradedCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c degradedCollector) Collect(ch chan<- prometheus.Metric) {
 	since := c.m.since.Load()
-	ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, float64(b2i(since != 0)))
+	ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, b2f(since != 0))
 	ch <- prometheus.MustNewConstMetric(degradedSinceDesc, prometheus.GaugeValue, float64(since)/1e9)
 	for i, result := range []string{"answered", "failed"} {
 		ch <- prometheus.MustNewConstMetric(kubeProxyProbesDesc, prometheus.CounterValue, float64(c.m.probes[i].Load()), result)
 	}
 }
 
-// lastAnswer is when any endpoint last answered (zero: none ever did).
-func (u *upstreams) lastAnswer() time.Time {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	var last int64
-	for _, ep := range u.endpoints {
-		last = max(last, ep.lastSuccess.Load())
+func b2f(b bool) float64 {
+	if b {
+		return 1
 	}
-	return unixTime(last)
+	return 0
 }

@@ -1,4 +1,4 @@
-package agent
+package upstream
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// fakeClock is the time the health decisions of a test's upstreams see.
+// fakeClock is the time the health decisions of a test's Set see.
 type fakeClock struct {
 	mu  sync.Mutex
 	now time.Time
@@ -38,15 +38,15 @@ func (c *fakeClock) Step(d time.Duration) {
 }
 
 // withClock gives u a fake clock, the default timing and a kick channel.
-func withClock(u *upstreams) *fakeClock {
+func withClock(u *Set) *fakeClock {
 	c := &fakeClock{now: time.Unix(1_000_000, 0)}
 	u.now = c.Now
-	u.period, u.window = DefaultUpstreamHealthPeriod, successWindow
+	u.period, u.window = DefaultHealthPeriod, successWindow
 	u.kick = make(chan struct{}, 1)
 	return c
 }
 
-func get(t *testing.T, u *upstreams, ep *testEndpoint, path string) {
+func get(t *testing.T, u *Set, ep *testEndpoint, path string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, ep.url.JoinPath(path).String(), nil)
 	resp, err := u.RoundTrip(req)
@@ -59,7 +59,7 @@ func get(t *testing.T, u *upstreams, ep *testEndpoint, path string) {
 
 // TestDue: which endpoints the health loop probes, and why.
 func TestDue(t *testing.T) {
-	period := DefaultUpstreamHealthPeriod
+	period := DefaultHealthPeriod
 	t0 := time.Unix(1_000_000, 0)
 	for _, tc := range []struct {
 		name       string
@@ -125,7 +125,7 @@ func TestDue(t *testing.T) {
 		name: "probing", ep: func(ep *endpoint) { ep.probing = true }, now: time.Hour,
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
-			u := &upstreams{period: period, window: successWindow}
+			u := &Set{period: period, window: successWindow}
 			ep := newEndpoint(&url.URL{Scheme: "https", Host: "10.0.0.1:6443"})
 			tc.ep(ep)
 			got, due := u.due(ep, t0.Add(tc.now), tc.anyHealthy)
@@ -150,7 +150,7 @@ func TestIdleProbeRate(t *testing.T) {
 	u := newTestUpstreams(eps...)
 	clock := withClock(u)
 	ctx := context.Background()
-	timeout := probeTimeout(u.period)
+	timeout := ProbeTimeout(u.period)
 	u.probeDue(ctx, timeout) // start-up: every endpoint once
 	const minutes = 30
 	for step := range minutes * 30 { // one look per 2s health period
@@ -174,7 +174,7 @@ func TestIdleProbeRate(t *testing.T) {
 }
 
 // TestTrafficSparesProbes: requests that get answers keep their endpoint
-// healthy without probes; answers of 500 and up do not, and have it probed
+// Healthy without probes; answers of 500 and up do not, and have it probed
 // within a period; once traffic stops, the endpoint is probed after the
 // window.
 func TestTrafficSparesProbes(t *testing.T) {
@@ -189,7 +189,7 @@ func TestTrafficSparesProbes(t *testing.T) {
 	u := newTestUpstreams(e)
 	clock := withClock(u)
 	ctx := context.Background()
-	timeout := probeTimeout(u.period)
+	timeout := ProbeTimeout(u.period)
 	u.probeDue(ctx, timeout)
 	for range 200 { // over six minutes of traffic
 		get(t, u, e, "/api/v1/pods")
@@ -235,7 +235,7 @@ func TestSilentWatchProbed(t *testing.T) {
 	u := newTestUpstreams(e)
 	clock := withClock(u)
 	ctx := context.Background()
-	timeout := probeTimeout(u.period)
+	timeout := ProbeTimeout(u.period)
 	u.probeDue(ctx, timeout)
 	req, _ := http.NewRequest(http.MethodGet, e.url.JoinPath("/api/v1/pods").String()+"?watch=true", nil)
 	resp, err := u.RoundTrip(req)
@@ -290,10 +290,10 @@ func TestBrokenStreamFailsOver(t *testing.T) {
 	if _, err := io.ReadAll(resp.Body); err == nil {
 		t.Fatal("stream ended cleanly; want a broken one")
 	}
-	if got := u.pick().Host; got != b.url.Host {
+	if got := u.Pick().Host; got != b.url.Host {
 		t.Errorf("active = %s, want %s", got, b.url.Host)
 	}
-	if st := u.status(); st[0].Healthy {
+	if st := u.Status(); st[0].Healthy {
 		t.Errorf("the endpoint of the broken stream is still healthy: %+v", st)
 	}
 	select {
@@ -302,7 +302,7 @@ func TestBrokenStreamFailsOver(t *testing.T) {
 		t.Error("no probe asked for")
 	}
 	u.probeDue(ctx, time.Second)
-	if st := u.status(); !st[0].Healthy {
+	if st := u.Status(); !st[0].Healthy {
 		t.Errorf("the endpoint is not back after a passed probe: %+v", st)
 	}
 }
@@ -337,7 +337,7 @@ func TestClosedStreamIsNoFailure(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	resp.Body.Close()
 	<-read
-	if err := u.healthy(); err != nil {
+	if err := u.Healthy(); err != nil {
 		t.Errorf("healthy() = %v after streams closed by their callers", err)
 	}
 	if got := u.stats.passiveFailures.Load(); got != 0 {
@@ -363,7 +363,7 @@ func TestUnansweredPingFailsEndpoint(t *testing.T) {
 	tr := srv.Client().Transport.(*http.Transport).Clone()
 	tr.ForceAttemptHTTP2 = true
 	tr.HTTP2 = &http.HTTP2Config{SendPingTimeout: 200 * time.Millisecond, PingTimeout: 200 * time.Millisecond}
-	u := &upstreams{transport: tr, upgradeTransport: http1Only(tr), endpoints: []*endpoint{newEndpoint(epURL)}}
+	u := &Set{transport: tr, upgradeTransport: http1Only(tr), endpoints: []*endpoint{newEndpoint(epURL)}}
 	withClock(u)
 	u.mu.Lock()
 	healthyAt(u.endpoints[0], u.clock())
@@ -384,7 +384,7 @@ func TestUnansweredPingFailsEndpoint(t *testing.T) {
 	}()
 	// Pings answered: the silent watch stays open.
 	time.Sleep(time.Second)
-	if err := u.healthy(); err != nil {
+	if err := u.Healthy(); err != nil {
 		t.Fatalf("healthy() = %v while pings are answered", err)
 	}
 	frozen := time.Now()
@@ -395,7 +395,7 @@ func TestUnansweredPingFailsEndpoint(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("watch on a frozen endpoint still open")
 	}
-	if err := u.healthy(); err == nil {
+	if err := u.Healthy(); err == nil {
 		t.Error("the frozen endpoint is still healthy")
 	}
 }
@@ -518,7 +518,7 @@ func TestStreamResetIsNoFailure(t *testing.T) {
 	epURL := &url.URL{Scheme: "https", Host: srv.Listener.Addr().String()}
 	tr := srv.Client().Transport.(*http.Transport).Clone()
 	tr.ForceAttemptHTTP2 = true
-	u := &upstreams{transport: tr, upgradeTransport: http1Only(tr), endpoints: []*endpoint{newEndpoint(epURL)}}
+	u := &Set{transport: tr, upgradeTransport: http1Only(tr), endpoints: []*endpoint{newEndpoint(epURL)}}
 	withClock(u)
 	u.mu.Lock()
 	healthyAt(u.endpoints[0], u.clock())
@@ -536,7 +536,7 @@ func TestStreamResetIsNoFailure(t *testing.T) {
 	if err == nil || !isStreamReset(err) {
 		t.Fatalf("reading the aborted response: %v, want a stream reset", err)
 	}
-	if err := u.healthy(); err != nil {
+	if err := u.Healthy(); err != nil {
 		t.Errorf("healthy() = %v after one stream was reset", err)
 	}
 	if got := u.stats.passiveFailures.Load(); got != 0 {
@@ -551,9 +551,11 @@ func TestStreamResetIsNoFailure(t *testing.T) {
 // kube-apiserver reset a request's stream before any answer (its pod sends
 // headers and closes). That is the endpoint answering, not failing: no
 // endpoint may be marked unhealthy, the request is not sent to the other
-// endpoints, no /readyz probe follows, and reviews never fall back to
-// degraded mode's recalled decisions. The loop stands for a tenant's
-// request loop against three apiservers with the health loop running.
+// endpoints, and no /readyz probe follows. With every endpoint healthy
+// throughout, reviews never fall back to degraded mode's recalled
+// decisions (which need no healthy endpoint). The loop stands for a
+// tenant's request loop against three apiservers with the health loop
+// running.
 func TestProxyResetsChangeNoHealth(t *testing.T) {
 	var eps []*testEndpoint
 	var resets atomic.Int32
@@ -580,27 +582,25 @@ func TestProxyResetsChangeNoHealth(t *testing.T) {
 	u.period, u.kick = 100*time.Millisecond, make(chan struct{}, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	if err := u.waitHealthy(ctx, 10*time.Second); err != nil {
+	if err := u.WaitHealthy(ctx, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	// Every endpoint checked and healthy before the loop starts.
-	if !u.checkAll(ctx, time.Second) && u.healthy() != nil {
-		t.Fatal(u.healthy())
+	if !u.checkAll(ctx, time.Second) && u.Healthy() != nil {
+		t.Fatal(u.Healthy())
 	}
 	probesBefore := 0
 	for _, e := range eps {
 		probesBefore += int(e.probes.Load())
 	}
-	a := &Agent{up: u, now: time.Now}
-	a.degraded.ttl, a.degraded.after, a.degraded.probeTimeout = 5*time.Minute, 2*time.Second, time.Second
 	runDone := make(chan struct{})
-	go func() { defer close(runDone); u.run(ctx, u.period) }()
+	go func() { defer close(runDone); u.Run(ctx, u.period) }()
 
 	const n = 2000
 	start := time.Now()
-	degradedSeen, unhealthySeen := 0, 0
+	unhealthySeen := 0
 	for i := range n {
-		req, _ := http.NewRequest(http.MethodGet, u.pick().JoinPath("/api/v1/namespaces/t/pods/p/proxy/").String(), nil)
+		req, _ := http.NewRequest(http.MethodGet, u.Pick().JoinPath("/api/v1/namespaces/t/pods/p/proxy/").String(), nil)
 		resp, err := u.RoundTrip(req)
 		if err == nil {
 			resp.Body.Close()
@@ -609,11 +609,8 @@ func TestProxyResetsChangeNoHealth(t *testing.T) {
 		if !isStreamReset(err) {
 			t.Fatalf("request %d: %v, want a stream reset", i, err)
 		}
-		if u.healthy() != nil {
+		if u.Healthy() != nil {
 			unhealthySeen++
-		}
-		if a.reviewsUnreachable() {
-			degradedSeen++
 		}
 	}
 	took := time.Since(start)
@@ -626,8 +623,8 @@ func TestProxyResetsChangeNoHealth(t *testing.T) {
 	for _, e := range eps {
 		probes += int(e.probes.Load())
 	}
-	t.Logf("%d proxied requests reset in %v (%d upstream requests): %d /readyz probes during and after them, %d passive failures, unhealthy after %d, reviews degraded after %d",
-		n, took.Round(time.Millisecond), resets.Load(), probes-probesBefore, u.stats.passiveFailures.Load(), unhealthySeen, degradedSeen)
+	t.Logf("%d proxied requests reset in %v (%d upstream requests): %d /readyz probes during and after them, %d passive failures, unhealthy after %d",
+		n, took.Round(time.Millisecond), resets.Load(), probes-probesBefore, u.stats.passiveFailures.Load(), unhealthySeen)
 	if got := int(resets.Load()); got != n {
 		t.Errorf("%d requests reached the endpoints, want %d: a reset request must not be sent again", got, n)
 	}
@@ -637,10 +634,7 @@ func TestProxyResetsChangeNoHealth(t *testing.T) {
 	if unhealthySeen > 0 || u.stats.passiveFailures.Load() > 0 {
 		t.Errorf("no healthy endpoint after %d of %d requests (%d passive failures)", unhealthySeen, n, u.stats.passiveFailures.Load())
 	}
-	if degradedSeen > 0 {
-		t.Errorf("reviews degraded after %d of %d requests", degradedSeen, n)
-	}
-	for _, ep := range u.status() {
+	for _, ep := range u.Status() {
 		if !ep.Healthy {
 			t.Errorf("endpoint %s unhealthy", ep.Host)
 		}

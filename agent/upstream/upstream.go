@@ -1,7 +1,8 @@
-package agent
+package upstream
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -16,16 +17,18 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/identity"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+
+	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
-// upstreams holds the kube-apiserver endpoints, their health, and the one
+// Set holds the kube-apiserver endpoints, their health, and the one
 // transport used to reach them. The transport carries no credentials of its
 // own: no client certificate, no token. Every forwarded request
 // authenticates with what the client sent.
@@ -34,9 +37,9 @@ import (
 // default/kubernetes EndpointSlices (setEndpoints). Their health comes from
 // the requests sent to them and, where those prove nothing recent, from
 // probes (health.go); requests go to the active endpoint, which moves to a
-// healthy one when it fails. Reads that fail before an answer came, and any
+// Healthy one when it fails. Reads that fail before an answer came, and any
 // request that could not even connect, are retried on another endpoint.
-type upstreams struct {
+type Set struct {
 	// bodies bounds the request bodies buffered for a retry, all requests
 	// together. A body that does not fit is streamed, and its request is
 	// not retried once its body has been read from.
@@ -48,9 +51,9 @@ type upstreams struct {
 	// upgrades do not exist.
 	transport        *http.Transport
 	upgradeTransport *http.Transport
-	// onChange, if set, is called (without locks held) after the active
+	// OnChange, if set, is called (without locks held) after the active
 	// endpoint or an endpoint's health changed.
-	onChange func()
+	OnChange func()
 	// period is the health period and window the success window (zero:
 	// the defaults); now, if set, replaces time.Now in health decisions.
 	period, window time.Duration
@@ -72,7 +75,7 @@ type endpoint struct {
 	// answered 5xx or a request to it failed after it was sent, both in
 	// Unix nanoseconds; atomic, as every request sets them.
 	lastSuccess, lastTrouble atomic.Int64
-	// Fields below are protected by upstreams.mu.
+	// Fields below are protected by Set.mu.
 	healthy  bool
 	checked  bool // health was checked at least once
 	failures int  // consecutive failed probes
@@ -94,7 +97,7 @@ type endpoint struct {
 // allocation of a zero-size type the same address, and the map would then
 // hold one request however many are in flight.
 type inflightReq struct {
-	up     *upstreams
+	up     *Set
 	ep     *endpoint
 	cancel context.CancelFunc
 }
@@ -103,10 +106,10 @@ type inflightReq struct {
 // its open streams are ended. One failure already moves new requests away.
 const deadAfter = 2
 
-// newUpstreams builds the transport for cfg's upstreams, which verifies
+// New builds the transport for cfg's Set, which verifies
 // every endpoint as upstreamTLSConfig says. It fails on an unreadable or
 // empty CA bundle.
-func newUpstreams(cfg *Config) (*upstreams, error) {
+func New(cfg Config) (*Set, error) {
 	tlsConfig, err := upstreamTLSConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -114,7 +117,7 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 	dialer := &net.Dialer{
 		Timeout:   10 * time.Second,
 		KeepAlive: 30 * time.Second,
-		Control:   markSocket(cfg.SocketMark),
+		Control:   netrules.MarkSocket(cfg.SocketMark),
 	}
 	t := &http.Transport{
 		// Never honour HTTP(S)_PROXY from the environment: endpoints are
@@ -135,21 +138,21 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 		// (observedBody), as fast as the /readyz probe every health
 		// period used to; a ping is an HTTP/2 frame, not a request.
 		HTTP2: &http.HTTP2Config{
-			SendPingTimeout: max(cfg.UpstreamHealthPeriod, time.Second),
-			PingTimeout:     probeTimeout(cfg.UpstreamHealthPeriod),
+			SendPingTimeout: max(cfg.HealthPeriod, time.Second),
+			PingTimeout:     ProbeTimeout(cfg.HealthPeriod),
 			// What an answer its client does not read holds here.
-			MaxReceiveBufferPerStream: cfg.Limits.withDefaults().HTTP2MaxUpstreamStreamBuffer,
+			MaxReceiveBufferPerStream: cfg.MaxStreamBuffer,
 		},
 	}
-	u := &upstreams{
+	u := &Set{
 		transport:        t,
 		upgradeTransport: http1Only(t),
-		period:           cfg.UpstreamHealthPeriod,
+		period:           cfg.HealthPeriod,
 		window:           successWindow,
 		kick:             make(chan struct{}, 1),
 	}
-	u.bodies.max = int64(cfg.Limits.withDefaults().MaxBufferedBodyBytes)
-	for _, ep := range cfg.Upstreams {
+	u.bodies.max = int64(cfg.MaxBufferedBodyBytes)
+	for _, ep := range cfg.Endpoints {
 		u.endpoints = append(u.endpoints, newEndpoint(ep))
 	}
 	return u, nil
@@ -158,8 +161,8 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 // upstreamTLSConfig returns the TLS client configuration for every
 // upstream endpoint, from --upstream and from the EndpointSlices alike,
 // and for their health checks: the certificate must chain to
-// cfg.UpstreamCAFile, carry cfg.UpstreamServerName (by default
-// DefaultUpstreamServerName, kubernetes.default.svc) whatever endpoint IP
+// cfg.CAFile, carry cfg.ServerName (by default
+// DefaultServerName, kubernetes.default.svc) whatever endpoint IP
 // was dialled, and not be a node's (verifyNotNode). It fails, with one line
 // naming --upstream-ca-file, on a bundle that cannot be read or holds no
 // certificate.
@@ -189,18 +192,18 @@ func newUpstreams(cfg *Config) (*upstreams, error) {
 // dialling the VIP, send none: kube-apiserver then serves its
 // --tls-sni-cert-key certificate for that name, if one was given, and its
 // default certificate otherwise.
-func upstreamTLSConfig(cfg *Config) (*tls.Config, error) {
-	pem, err := os.ReadFile(cfg.UpstreamCAFile)
+func upstreamTLSConfig(cfg Config) (*tls.Config, error) {
+	pem, err := os.ReadFile(cfg.CAFile)
 	if err != nil {
 		return nil, fmt.Errorf("reading --upstream-ca-file: %w", err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("--upstream-ca-file %s holds no PEM certificate", cfg.UpstreamCAFile)
+		return nil, fmt.Errorf("--upstream-ca-file %s holds no PEM certificate", cfg.CAFile)
 	}
 	return &tls.Config{
 		RootCAs:          pool,
-		ServerName:       orDefault(cfg.UpstreamServerName, DefaultUpstreamServerName),
+		ServerName:       cmp.Or(cfg.ServerName, DefaultServerName),
 		MinVersion:       tls.VersionTLS12,
 		VerifyConnection: verifyNotNode,
 	}, nil
@@ -251,12 +254,12 @@ func http1Only(t *http.Transport) *http.Transport {
 // way that is safe to retry (see retryable), the endpoint is marked failed
 // and the request is sent again to another healthy endpoint; any other
 // failure after the request was sent has its endpoint probed soon.
-func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
+func (u *Set) RoundTrip(req *http.Request) (*http.Response, error) {
 	tried := map[string]bool{}
 	var body *readTracker
 	switch {
 	case req.Body == nil || req.Body == http.NoBody || req.GetBody != nil:
-	case req.ContentLength > 0 && req.ContentLength <= maxReplayableBody && !isLongRunning(req) && u.bodies.reserve(req.ContentLength):
+	case req.ContentLength > 0 && req.ContentLength <= maxReplayableBody && !apihttp.IsLongRunning(req) && u.bodies.reserve(req.ContentLength):
 		defer u.bodies.release(req.ContentLength)
 		// A small body of known size (any ordinary write; never a
 		// long-running request's, such as a proxied upload, which goes on
@@ -287,7 +290,7 @@ func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err == nil {
 			return resp, nil
 		}
-		if isPeerReset(err) {
+		if IsPeerReset(err) {
 			// The endpoint answered by resetting this one stream, as
 			// kube-apiserver does when a handler aborts (a pod behind
 			// pods/proxy that closes without answering): neither its
@@ -321,8 +324,8 @@ func (u *upstreams) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // roundTripOnce sends req to its endpoint, tracks it while in flight, and
 // records what its answer says about the endpoint's health.
-func (u *upstreams) roundTripOnce(req *http.Request) (*http.Response, error) {
-	if isUpgrade(req) {
+func (u *Set) roundTripOnce(req *http.Request) (*http.Response, error) {
+	if apihttp.IsUpgrade(req) {
 		// An upgraded connection's body must stay an io.ReadWriteCloser, so
 		// it is not tracked; a dead endpoint ends it with the TCP
 		// connection.
@@ -357,7 +360,7 @@ func (u *upstreams) roundTripOnce(req *http.Request) (*http.Response, error) {
 
 // track registers an in-flight request to host, which cancel ends, and
 // returns it; nil if host is none of the endpoints.
-func (u *upstreams) track(host string, cancel context.CancelFunc) *inflightReq {
+func (u *Set) track(host string, cancel context.CancelFunc) *inflightReq {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	ep := u.find(host)
@@ -383,7 +386,7 @@ func (f *inflightReq) end() {
 // troubled notes a failed request to host that is no proof the endpoint
 // is down (it may have been the request's own); the endpoint is probed
 // within a health period unless it answers meanwhile.
-func (u *upstreams) troubled(host string) {
+func (u *Set) troubled(host string) {
 	u.mu.Lock()
 	ep := u.find(host)
 	u.mu.Unlock()
@@ -420,11 +423,6 @@ func (*replayBody) Close() error { return nil }
 
 // maxReplayableBody is the largest request body buffered for a retry.
 const maxReplayableBody = 1 << 20
-
-// DefaultMaxBufferedBodyBytes is the default bound of the request bodies
-// buffered for retries at once: 8 bodies of the largest size, or hundreds
-// of ordinary writes.
-const DefaultMaxBufferedBodyBytes = 8 << 20
 
 // byteBudget is a bound on bytes held at once, taken without waiting.
 type byteBudget struct {
@@ -472,42 +470,22 @@ func retryable(req *http.Request, err error, bodyUnread bool) bool {
 	if errors.As(err, &op) && op.Op == "dial" {
 		return bodyUnread || req.GetBody != nil
 	}
-	if isUpgrade(req) {
+	if apihttp.IsUpgrade(req) {
 		return false
 	}
 	noBody := req.Body == nil || req.Body == http.NoBody
 	return (req.Method == http.MethodGet || req.Method == http.MethodHead) && noBody
 }
 
-// markSocket returns a dialer Control that sets SO_MARK on every socket.
-func markSocket(mark uint32) func(network, address string, c syscall.RawConn) error {
-	if mark == 0 {
-		return nil
-	}
-	return func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) {
-			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(mark))
-		})
-		if err != nil {
-			return err
-		}
-		if serr != nil {
-			return fmt.Errorf("setting SO_MARK 0x%x on upstream socket: %w", mark, serr)
-		}
-		return nil
-	}
-}
-
-// pick returns the endpoint that requests go to now: the active one.
-func (u *upstreams) pick() *url.URL {
+// Pick returns the endpoint that requests go to now: the active one.
+func (u *Set) Pick() *url.URL {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return u.endpoints[u.active].url
 }
 
 // find returns the endpoint for host, or nil. u.mu must be held.
-func (u *upstreams) find(host string) *endpoint {
+func (u *Set) find(host string) *endpoint {
 	for _, ep := range u.endpoints {
 		if ep.url.Host == host {
 			return ep
@@ -518,7 +496,7 @@ func (u *upstreams) find(host string) *endpoint {
 
 // pickExcept returns a healthy endpoint not in tried, else one not yet
 // checked, else nil; it becomes the active endpoint.
-func (u *upstreams) pickExcept(tried map[string]bool) *url.URL {
+func (u *Set) pickExcept(tried map[string]bool) *url.URL {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	best := -1
@@ -541,8 +519,8 @@ func (u *upstreams) pickExcept(tried map[string]bool) *url.URL {
 	return u.endpoints[best].url
 }
 
-// healthy returns nil while some endpoint is healthy, else why none is.
-func (u *upstreams) healthy() error {
+// Healthy returns nil while some endpoint is healthy, else why none is.
+func (u *Set) Healthy() error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	var errs []error
@@ -560,25 +538,25 @@ func (u *upstreams) healthy() error {
 	return fmt.Errorf("no healthy upstream endpoint: %w", errors.Join(errs...))
 }
 
-// endpointStatus is one endpoint's state, for metrics and logs.
-type endpointStatus struct {
+// EndpointStatus is one endpoint's state, for metrics and logs.
+type EndpointStatus struct {
 	Host    string
 	Healthy bool
 	Active  bool
 }
 
-// status returns a copy of every endpoint's state.
-func (u *upstreams) status() []endpointStatus {
+// Status returns a copy of every endpoint's state.
+func (u *Set) Status() []EndpointStatus {
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	out := make([]endpointStatus, len(u.endpoints))
+	out := make([]EndpointStatus, len(u.endpoints))
 	for i, ep := range u.endpoints {
-		out[i] = endpointStatus{Host: ep.url.Host, Healthy: ep.healthy, Active: i == u.active}
+		out[i] = EndpointStatus{Host: ep.url.Host, Healthy: ep.healthy, Active: i == u.active}
 	}
 	return out
 }
 
-// setEndpoints replaces the endpoint list, keeping the health of endpoints
+// SetEndpoints replaces the endpoint list, keeping the health of endpoints
 // that stay. An empty list is ignored: the agent never forgets every
 // apiserver (a slice can be empty for a moment while apiservers restart).
 // Requests in flight to a removed endpoint are left to end on their own:
@@ -586,7 +564,7 @@ func (u *upstreams) status() []endpointStatus {
 // (its lease not yet renewed), and ending that one's streams would make
 // every informer behind them list again; a removed apiserver that is
 // gone breaks its streams, which its connection's pings find.
-func (u *upstreams) setEndpoints(urls []*url.URL) {
+func (u *Set) SetEndpoints(urls []*url.URL) {
 	if len(urls) == 0 {
 		return
 	}
@@ -622,7 +600,53 @@ func (u *upstreams) setEndpoints(urls []*url.URL) {
 		// from the active one as soon as that fails.
 		u.wake()
 	}
-	if u.onChange != nil {
-		u.onChange()
+	if u.OnChange != nil {
+		u.OnChange()
 	}
 }
+
+// LastAnswer is when any endpoint last answered (zero: none ever did).
+func (u *Set) LastAnswer() time.Time {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var last int64
+	for _, ep := range u.endpoints {
+		last = max(last, ep.lastSuccess.Load())
+	}
+	return unixTime(last)
+}
+
+// ClientTransport sends each request of the agent's own client to the
+// endpoint that is active when it is sent, through the set (so its
+// answers count toward the endpoints' health, and it follows failover).
+func (u *Set) ClientTransport() http.RoundTripper { return &activeEndpoint{up: u} }
+
+// activeEndpoint is ClientTransport.
+type activeEndpoint struct {
+	up *Set
+}
+
+func (t *activeEndpoint) RoundTrip(req *http.Request) (*http.Response, error) {
+	ep := t.up.Pick()
+	// A RoundTripper must not modify the caller's request.
+	out := req.Clone(req.Context())
+	out.URL.Scheme, out.URL.Host = ep.Scheme, ep.Host
+	out.Host = ""
+	return t.up.RoundTrip(out)
+}
+
+// NewWithTransport returns a set over t, which must trust cfg's endpoints
+// (tests: an httptest server's client transport); the CA file, server
+// name, socket mark and stream buffer of cfg are not used.
+func NewWithTransport(t *http.Transport, cfg Config) *Set {
+	u := &Set{transport: t, upgradeTransport: http1Only(t), period: cfg.HealthPeriod, window: successWindow, kick: make(chan struct{}, 1)}
+	u.bodies.max = int64(cfg.MaxBufferedBodyBytes)
+	for _, ep := range cfg.Endpoints {
+		u.endpoints = append(u.endpoints, newEndpoint(ep))
+	}
+	return u
+}
+
+// Transport is the transport of ordinary requests, for tests that tune it
+// before its first use.
+func (u *Set) Transport() *http.Transport { return u.transport }

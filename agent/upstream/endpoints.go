@@ -1,4 +1,4 @@
-package agent
+package upstream
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 )
@@ -24,14 +25,14 @@ const (
 	kubernetesService   = "kubernetes"
 )
 
-// watchEndpoints follows the default/kubernetes EndpointSlices with the
-// agent's own client until ctx ends, and hands their ready endpoints to the
-// upstream set. It starts from the --upstream bootstrap list and never
+// WatchEndpoints follows the default/kubernetes EndpointSlices with the
+// agent's own client (config) until ctx ends, and makes their ready
+// endpoints the set's. It starts from the --upstream bootstrap list and never
 // blocks start-up: until the first list arrives (or if it cannot be read),
 // the bootstrap endpoints stay in use.
-func (a *Agent) watchEndpoints(ctx context.Context) {
+func (u *Set) WatchEndpoints(ctx context.Context, config *rest.Config) {
 	logger := klog.FromContext(ctx)
-	client, err := kubernetes.NewForConfig(a.restConfig())
+	client, err := kubernetes.NewForConfig(config)
 	if err != nil {
 		logger.Error(err, "Cannot watch apiserver endpoints; keeping --upstream")
 		return
@@ -50,10 +51,10 @@ func (a *Agent) watchEndpoints(ctx context.Context) {
 		}
 		urls := endpointURLs(slices)
 		if len(urls) == 0 {
-			logger.Info("The kubernetes EndpointSlices list no ready endpoint; keeping the current upstreams")
+			logger.Info("The kubernetes EndpointSlices list no ready endpoint; keeping the current Set")
 			return
 		}
-		a.up.setEndpoints(urls)
+		u.SetEndpoints(urls)
 		logger.V(2).Info("Upstream endpoints from EndpointSlices", "endpoints", hosts(urls))
 	}
 	_, _ = inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
