@@ -97,6 +97,9 @@ type plan struct {
 	// table and tableOpts build a custom resource's Table (as asTable).
 	table     rest.TableConvertor
 	tableOpts *metav1.TableOptions
+	// events embeds a watch's objects in its events in media and as,
+	// chosen once when the watch is classified.
+	events *store.EventEncoder
 	// timeout is a watch's timeoutSeconds (0: none).
 	timeout time.Duration
 	// bookmarks: the watch asked for bookmarks (allowWatchBookmarks).

@@ -96,7 +96,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 			// resourceVersion it parsed with a stream holding one ERROR
 			// event, not with an HTTP error.
 			c.metrics.watchEnded(res.label, endTooOld)
-			b, encErr := store.Embed(p.media, statusOf(tooOld(from, floor)), res.encoder)
+			b, encErr := p.events.Status(statusOf(tooOld(from, floor)))
 			if encErr != nil {
 				c.encodingFailed(w, r, res, encErr)
 				return
@@ -113,7 +113,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 	// encoding error is still an HTTP error. The encodings are kept with
 	// the objects; each event is framed from them only as it is written.
 	for _, o := range objs {
-		if err := c.prepareEvent(p, o); err != nil {
+		if err := p.events.Prepare(o); err != nil {
 			c.encodingFailed(w, r, res, err)
 			return
 		}
@@ -131,7 +131,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 	defer func() { done(reason) }()
 	ww.start()
 	for _, o := range objs {
-		b, err := c.eventObject(p, o)
+		b, err := p.events.Object(o)
 		if err != nil {
 			return
 		}
@@ -201,8 +201,8 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 			// makes it relist (store/history.go).
 			reason = endWentBack
 			logger.V(2).Info("Ended a watch: the resource's resourceVersion went back", "resource", res.label, "resourceVersion", seen)
-			if b, err := store.Embed(p.media, statusOf(apierrors.NewResourceExpired(
-				"the resource's history was replaced by an older one (its resourceVersion went back): list again")), res.encoder); err == nil {
+			if b, err := p.events.Status(statusOf(apierrors.NewResourceExpired(
+				"the resource's history was replaced by an older one (its resourceVersion went back): list again"))); err == nil {
 				_ = ww.event(watch.Error, b)
 				_ = ww.flushErr()
 			}
@@ -227,7 +227,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 				return
 			}
 			if o != nil {
-				b, err := c.eventObject(p, o)
+				b, err := p.events.Object(o)
 				if err != nil {
 					logger.Error(err, "Encoding a watch event failed", "resource", res.label)
 					return

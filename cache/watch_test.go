@@ -721,12 +721,12 @@ func BenchmarkWatchEvent(b *testing.B) {
 				b.Fatal(err)
 			}
 			ww.out.timeout = watchWriteTimeout
-			if err := hc.prepareEvent(p, o); err != nil {
+			if err := p.events.Prepare(o); err != nil {
 				b.Fatal(err)
 			}
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				ev, err := hc.eventObject(p, o)
+				ev, err := p.events.Object(o)
 				if err != nil {
 					b.Fatal(err)
 				}

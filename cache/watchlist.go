@@ -69,49 +69,15 @@ func (c *Cache) classifyWatch(p *plan, opts *metainternalversion.ListOptions) (*
 		p.timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
 	}
 	p.bookmarks = opts.AllowWatchBookmarks
+	p.events = p.res.encoder.EventEncoder(p.media, p.as == asMetadata)
 	return p, ""
-}
-
-// prepareEvent encodes o as eventObject needs it, and keeps the encoding
-// with o.
-func (c *Cache) prepareEvent(p *plan, o *store.Object) error {
-	enc := p.res.encoder
-	var err error
-	switch {
-	case p.as == asMetadata:
-		_, err = enc.MetadataObject(p.media, o)
-	case p.media == store.MediaProtobuf:
-		_, err = enc.ObjectProtobuf(o)
-	default:
-		_, err = enc.ObjectJSON(o)
-	}
-	return err
-}
-
-// eventObject is o's embedded form in a watch event of p's encoding.
-func (c *Cache) eventObject(p *plan, o *store.Object) ([]byte, error) {
-	enc := p.res.encoder
-	if p.as == asMetadata {
-		b, err := enc.MetadataObject(p.media, o)
-		if err != nil {
-			return nil, err
-		}
-		return b.Bytes(), nil
-	}
-	if p.media == store.MediaProtobuf {
-		b, err := enc.Object(store.MediaProtobuf, o)
-		if err != nil {
-			return nil, err
-		}
-		return b.Bytes(), nil
-	}
-	return enc.ObjectJSON(o)
 }
 
 // bookmarkObject is a bookmark's object at rv, as kube-apiserver's watch
 // cache makes it: an empty object of the resource's kind carrying only the
 // resourceVersion, and for the end of the initial events the
-// k8s.io/initial-events-end annotation.
+// k8s.io/initial-events-end annotation; embedded as p's events embed
+// objects.
 func (c *Cache) bookmarkObject(p *plan, rv uint64, initialEventsEnd bool) ([]byte, error) {
 	res := p.res
 	var obj runtime.Object
@@ -135,14 +101,7 @@ func (c *Cache) bookmarkObject(p *plan, rv uint64, initialEventsEnd bool) ([]byt
 		m.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
 	}
 	obj.GetObjectKind().SetGroupVersionKind(res.gvk)
-	if p.as == asMetadata {
-		pm, err := store.AsPartialObjectMetadata(obj)
-		if err != nil {
-			return nil, err
-		}
-		obj = pm
-	}
-	return store.Embed(p.media, obj, res.encoder)
+	return p.events.Bookmark(obj)
 }
 
 // watchWriter writes watch events as kube-apiserver frames them, with
