@@ -113,6 +113,8 @@ type watchWriter struct {
 	// buf gathers events between flushes; enc writes to it.
 	buf *bufio.Writer
 	enc streaming.Encoder
+	// ev is the event being encoded, reused for every event.
+	ev metav1.WatchEvent
 	// out is what buf writes to: w, with a deadline on each write while
 	// the initial events are sent.
 	out *deadlineWriter
@@ -179,7 +181,11 @@ func (ww *watchWriter) start() {
 // event writes one event whose object is already encoded; it reaches the
 // client at the next flush.
 func (ww *watchWriter) event(t watch.EventType, object []byte) error {
-	return ww.enc.Encode(&metav1.WatchEvent{Type: string(t), Object: runtime.RawExtension{Raw: object}})
+	ww.ev.Type, ww.ev.Object.Raw = string(t), object
+	err := ww.enc.Encode(&ww.ev)
+	// The encoder keeps nothing of the event; neither does ww.
+	ww.ev.Object.Raw = nil
+	return err
 }
 
 // flush sends the buffered events on to the client.
