@@ -4,10 +4,16 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/cache/store"
@@ -339,4 +345,35 @@ func (c *Cache) convert(p *plan, e *store.Event) (watch.EventType, *store.Object
 		return watch.Deleted, o, err
 	}
 	return "", nil, nil
+}
+
+// bookmarkObject is a bookmark's object at rv, as kube-apiserver's watch
+// cache makes it: an empty object of the resource's kind carrying only the
+// resourceVersion, and for the end of the initial events the
+// k8s.io/initial-events-end annotation; embedded as p's events embed
+// objects.
+func (c *Cache) bookmarkObject(p *plan, rv uint64, initialEventsEnd bool) ([]byte, error) {
+	res := p.res
+	var obj runtime.Object
+	if res.builtin {
+		o, err := scheme.Scheme.New(res.gvk)
+		if err != nil {
+			return nil, err
+		}
+		obj = o
+	} else {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(res.gvk)
+		obj = u
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return nil, err
+	}
+	m.SetResourceVersion(strconv.FormatUint(rv, 10))
+	if initialEventsEnd {
+		m.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
+	}
+	obj.GetObjectKind().SetGroupVersionKind(res.gvk)
+	return p.events.Bookmark(obj)
 }

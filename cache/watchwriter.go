@@ -6,14 +6,10 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strconv"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
-	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer/streaming"
 	"k8s.io/apimachinery/pkg/watch"
@@ -21,88 +17,6 @@ import (
 
 	"github.com/kube-apicache/kube-apicache/cache/store"
 )
-
-// Reasons a watch is forwarded.
-const (
-	reasonWatchObject = "watch-single-object"
-)
-
-// watchParams are the query parameters of a watch-list the cache answers.
-var watchParams = map[string]bool{"labelSelector": true, "fieldSelector": true, "resourceVersion": true,
-	"resourceVersionMatch": true, "timeoutSeconds": true, "allowWatchBookmarks": true,
-	"sendInitialEvents": true, "watch": true, "timeout": true}
-
-// classifyWatch decides whether the cache answers a watch. It answers
-// every form kube-apiserver serves from its own watch cache (watch.go):
-// with initial events (a watch-list, sendInitialEvents=true, which
-// validation ties to resourceVersionMatch=NotOlderThan and
-// allowWatchBookmarks=true, or a legacy watch from "0" or unset, for which
-// SetListOptionsDefaults turns it on), and without them from a
-// resourceVersion N or from now; of a collection, or of one object by a
-// metadata.name field selector. A watch by the deprecated path form
-// (/watch/.../<name>) is forwarded.
-//
-// The resourceVersion has the list meanings for initial events
-// (api-concepts, watch-list): unset is a consistent start (the
-// read-your-writes barrier applies), "0" any state, N a state not older
-// than N. opts must have passed ValidateListOptions.
-func (c *Cache) classifyWatch(p *plan, opts *metainternalversion.ListOptions) (*plan, string) {
-	if p.name != "" {
-		// The name is in the field selector, or is the cache's own scope
-		// (this node's Node), whose term the predicate no longer holds.
-		name, ok := p.pred.Field.RequiresExactMatch("metadata.name")
-		if !ok {
-			name, ok = p.res.scopeTerms["metadata.name"]
-		}
-		if !ok || name != p.name {
-			return nil, reasonWatchObject
-		}
-	}
-	p.initialEvents = opts.SendInitialEvents != nil && *opts.SendInitialEvents
-	p.streaming = opts.SendInitialEvents != nil
-	if !p.initialEvents && p.mode == rvNotOlderThan {
-		// A watch from N starts at once, as kube-apiserver's: the events
-		// after N, however far the cache is, skipping those up to N.
-		p.fromRV = true
-	}
-	if opts.TimeoutSeconds != nil {
-		p.timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
-	}
-	p.bookmarks = opts.AllowWatchBookmarks
-	p.events = p.res.encoder.EventEncoder(p.media, p.as == asMetadata)
-	return p, ""
-}
-
-// bookmarkObject is a bookmark's object at rv, as kube-apiserver's watch
-// cache makes it: an empty object of the resource's kind carrying only the
-// resourceVersion, and for the end of the initial events the
-// k8s.io/initial-events-end annotation; embedded as p's events embed
-// objects.
-func (c *Cache) bookmarkObject(p *plan, rv uint64, initialEventsEnd bool) ([]byte, error) {
-	res := p.res
-	var obj runtime.Object
-	if res.builtin {
-		o, err := scheme.Scheme.New(res.gvk)
-		if err != nil {
-			return nil, err
-		}
-		obj = o
-	} else {
-		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(res.gvk)
-		obj = u
-	}
-	m, err := meta.Accessor(obj)
-	if err != nil {
-		return nil, err
-	}
-	m.SetResourceVersion(strconv.FormatUint(rv, 10))
-	if initialEventsEnd {
-		m.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
-	}
-	obj.GetObjectKind().SetGroupVersionKind(res.gvk)
-	return p.events.Bookmark(obj)
-}
 
 // watchWriter writes watch events as kube-apiserver frames them, with
 // apimachinery's stream serializer and framer for the media type: JSON
