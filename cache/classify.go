@@ -97,6 +97,9 @@ type plan struct {
 	// table and tableOpts build a custom resource's Table (as asTable).
 	table     rest.TableConvertor
 	tableOpts *metav1.TableOptions
+	// events embeds a watch's objects in its events in media and as,
+	// chosen once when the watch is classified.
+	events *store.EventEncoder
 	// timeout is a watch's timeoutSeconds (0: none).
 	timeout time.Duration
 	// bookmarks: the watch asked for bookmarks (allowWatchBookmarks).
@@ -278,6 +281,57 @@ func (c *Cache) classifyList(p *plan, query map[string][]string) (*plan, string)
 	if p.verb == "watch" {
 		return c.classifyWatch(p, &opts)
 	}
+	return p, ""
+}
+
+// Reasons a watch is forwarded.
+const (
+	reasonWatchObject = "watch-single-object"
+)
+
+// watchParams are the query parameters of a watch-list the cache answers.
+var watchParams = map[string]bool{"labelSelector": true, "fieldSelector": true, "resourceVersion": true,
+	"resourceVersionMatch": true, "timeoutSeconds": true, "allowWatchBookmarks": true,
+	"sendInitialEvents": true, "watch": true, "timeout": true}
+
+// classifyWatch decides whether the cache answers a watch. It answers
+// every form kube-apiserver serves from its own watch cache (watch.go):
+// with initial events (a watch-list, sendInitialEvents=true, which
+// validation ties to resourceVersionMatch=NotOlderThan and
+// allowWatchBookmarks=true, or a legacy watch from "0" or unset, for which
+// SetListOptionsDefaults turns it on), and without them from a
+// resourceVersion N or from now; of a collection, or of one object by a
+// metadata.name field selector. A watch by the deprecated path form
+// (/watch/.../<name>) is forwarded.
+//
+// The resourceVersion has the list meanings for initial events
+// (api-concepts, watch-list): unset is a consistent start (the
+// read-your-writes barrier applies), "0" any state, N a state not older
+// than N. opts must have passed ValidateListOptions.
+func (c *Cache) classifyWatch(p *plan, opts *metainternalversion.ListOptions) (*plan, string) {
+	if p.name != "" {
+		// The name is in the field selector, or is the cache's own scope
+		// (this node's Node), whose term the predicate no longer holds.
+		name, ok := p.pred.Field.RequiresExactMatch("metadata.name")
+		if !ok {
+			name, ok = p.res.scopeTerms["metadata.name"]
+		}
+		if !ok || name != p.name {
+			return nil, reasonWatchObject
+		}
+	}
+	p.initialEvents = opts.SendInitialEvents != nil && *opts.SendInitialEvents
+	p.streaming = opts.SendInitialEvents != nil
+	if !p.initialEvents && p.mode == rvNotOlderThan {
+		// A watch from N starts at once, as kube-apiserver's: the events
+		// after N, however far the cache is, skipping those up to N.
+		p.fromRV = true
+	}
+	if opts.TimeoutSeconds != nil {
+		p.timeout = time.Duration(*opts.TimeoutSeconds) * time.Second
+	}
+	p.bookmarks = opts.AllowWatchBookmarks
+	p.events = p.res.encoder.EventEncoder(p.media, p.as == asMetadata)
 	return p, ""
 }
 

@@ -10,8 +10,9 @@
 // filling the Store, the watch's health), ondemand.go (when informers
 // start and stop: pinned, or on demand until idle),
 // classify.go (which requests the cache may answer), negotiate.go (the
-// answer's encoding and shape), cache.go (the request path), watch.go and
-// watchlist.go (watches served from the history), table.go (Tables of
+// answer's encoding and shape), cache.go (the request path), watch.go
+// (watches served from the history), watchwriter.go (a served watch's
+// stream, framed as kube-apiserver frames it), table.go (Tables of
 // custom resources), response.go (compressed lists), probe.go (the probes
 // consistent reads wait for), probebudget.go (what probes may cost the
 // agent's identity), write.go (the read-your-writes barrier), asnode.go

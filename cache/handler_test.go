@@ -61,7 +61,7 @@ type handlerCache struct {
 	handler        http.Handler
 }
 
-func newHandlerCache(t *testing.T) *handlerCache {
+func newHandlerCache(t testing.TB) *handlerCache {
 	t.Helper()
 	tc := &handlerCache{reviewer: &stubReviewer{result: access.Result{Verdict: access.Allowed}}}
 	c, err := New(Config{NodeName: "node-a", RESTConfig: &rest.Config{}, Reviewer: tc.reviewer, WaitTimeout: 100 * time.Millisecond,

@@ -78,16 +78,71 @@ func (e restrictions) AllowsMediaTypeTransform(mimeType, mimeSubType string, tar
 func (restrictions) AllowsServerVersion(version string) bool { return version == "v1" }
 func (restrictions) AllowsStreamSchema(s string) bool        { return s == "watch" }
 
+// negotiateShape negotiates the response's encoding and shape from the
+// request, once, as kube-apiserver would: the Accept header (one, every
+// media range one answerableAccept allows), the request's pretty
+// printing (which the cache never writes: kube-apiserver indents JSON
+// for ?pretty and for curl, Wget and browsers), then a plain Accept
+// header as negotiateMedia does or one asking for a transformation as
+// negotiateTransform does. It returns the wire encoding and shape the
+// cache will write, or the reason to forward. The plan carries the
+// result; nothing after classification negotiates again.
+func negotiateShape(r *http.Request, builtin bool, verb string) (store.MediaType, transform, string) {
+	accept := r.Header.Get("Accept")
+	transformed := strings.Contains(accept, "as=")
+	if len(r.Header.Values("Accept")) > 1 || !answerableAccept(accept, transformed) {
+		return 0, 0, reasonMediaType
+	}
+	if strings.Contains(accept, "pretty") {
+		return 0, 0, reasonMediaType
+	}
+	if strings.Contains(r.URL.RawQuery, "pretty") {
+		return 0, 0, reasonPretty
+	}
+	if ua := r.UserAgent(); strings.HasPrefix(ua, "curl") || strings.HasPrefix(ua, "Wget") || strings.HasPrefix(ua, "Mozilla/5.0") {
+		// kube-apiserver indents JSON for these clients.
+		return 0, 0, reasonPretty
+	}
+	if !transformed {
+		m, reason := negotiateMedia(accept, builtin)
+		return m, asObject, reason
+	}
+	return negotiateTransform(accept, builtin, verb)
+}
+
+// negotiateMedia picks the encoding of an answer without a
+// transformation as kube-apiserver would, from an Accept header
+// negotiateShape has checked, and forwards the types the cache does not
+// write itself (YAML, unknown types).
+func negotiateMedia(accept string, builtin bool) (store.MediaType, string) {
+	supported := customMediaTypes
+	if builtin {
+		supported = builtinMediaTypes
+	}
+	opts, ok := negotiation.NegotiateMediaTypeOptions(accept, supported, negotiation.DefaultEndpointRestrictions)
+	if !ok {
+		return 0, reasonMediaType
+	}
+	switch opts.Accepted.MediaType {
+	case runtime.ContentTypeJSON:
+		return store.MediaJSON, ""
+	case runtime.ContentTypeProtobuf:
+		return store.MediaProtobuf, ""
+	}
+	return 0, reasonMediaType
+}
+
 // negotiateTransform negotiates an Accept header that asks for a
-// transformation (as=...), as kube-apiserver does, and returns the wire
-// encoding and shape the cache will write, or the reason to forward. Only
-// the meta.k8s.io/v1 forms the cache builds exactly as kube-apiserver does
-// are answered: PartialObjectMetadata for get and watch,
-// PartialObjectMetadataList for list, and Table for custom resources (get
-// and list) in JSON. Everything else, including the v1beta1 forms and the
-// mismatched ones kube-apiserver rejects, is forwarded.
-func negotiateTransform(r *http.Request, builtin bool, verb string) (store.MediaType, transform, string) {
-	opts, ok := negotiation.NegotiateMediaTypeOptions(r.Header.Get("Accept"), transformMediaTypes, restrictions{builtin: builtin})
+// transformation (as=...), which negotiateShape has checked, as
+// kube-apiserver does, and returns the wire encoding and shape the cache
+// will write, or the reason to forward. Only the meta.k8s.io/v1 forms the
+// cache builds exactly as kube-apiserver does are answered:
+// PartialObjectMetadata for get and watch, PartialObjectMetadataList for
+// list, and Table for custom resources (get and list) in JSON. Everything
+// else, including the v1beta1 forms and the mismatched ones kube-apiserver
+// rejects, is forwarded.
+func negotiateTransform(accept string, builtin bool, verb string) (store.MediaType, transform, string) {
+	opts, ok := negotiation.NegotiateMediaTypeOptions(accept, transformMediaTypes, restrictions{builtin: builtin})
 	if !ok || opts.Pretty || len(opts.Unrecognized) > 0 || opts.UseServerVersion != "" {
 		return 0, 0, reasonMediaType
 	}
@@ -126,68 +181,6 @@ func negotiateTransform(r *http.Request, builtin bool, verb string) (store.Media
 		return media, asTable, ""
 	}
 	return 0, 0, reasonTransform
-}
-
-// wantsTransform reports whether the Accept header asks for a
-// transformation.
-func wantsTransform(r *http.Request) bool {
-	return strings.Contains(r.Header.Get("Accept"), "as=")
-}
-
-// negotiateShape negotiates the response's encoding and shape: a plain
-// Accept header as negotiate does, one asking for a transformation as
-// negotiateTransform does (after the same checks for pretty output, which
-// the cache never writes).
-func negotiateShape(r *http.Request, builtin bool, verb string) (store.MediaType, transform, string) {
-	if len(r.Header.Values("Accept")) > 1 || !answerableAccept(r.Header.Get("Accept"), wantsTransform(r)) {
-		return 0, 0, reasonMediaType
-	}
-	if !wantsTransform(r) {
-		m, reason := negotiate(r, builtin)
-		return m, asObject, reason
-	}
-	if strings.Contains(r.Header.Get("Accept"), "pretty") {
-		return 0, 0, reasonMediaType
-	}
-	if strings.Contains(r.URL.RawQuery, "pretty") {
-		return 0, 0, reasonPretty
-	}
-	if ua := r.UserAgent(); strings.HasPrefix(ua, "curl") || strings.HasPrefix(ua, "Wget") || strings.HasPrefix(ua, "Mozilla/5.0") {
-		return 0, 0, reasonPretty
-	}
-	return negotiateTransform(r, builtin, verb)
-}
-
-// negotiate picks the response encoding as kube-apiserver would, and
-// forwards what the cache does not write itself: Table and other
-// transformations, YAML, pretty printing, unknown types.
-func negotiate(r *http.Request, builtin bool) (store.MediaType, string) {
-	accept := r.Header.Get("Accept")
-	if strings.Contains(accept, "as=") || strings.Contains(accept, "pretty") {
-		return 0, reasonMediaType
-	}
-	if strings.Contains(r.URL.RawQuery, "pretty") {
-		return 0, reasonPretty
-	}
-	if ua := r.UserAgent(); strings.HasPrefix(ua, "curl") || strings.HasPrefix(ua, "Wget") || strings.HasPrefix(ua, "Mozilla/5.0") {
-		// kube-apiserver indents JSON for these clients.
-		return 0, reasonPretty
-	}
-	supported := customMediaTypes
-	if builtin {
-		supported = builtinMediaTypes
-	}
-	opts, ok := negotiation.NegotiateMediaTypeOptions(accept, supported, negotiation.DefaultEndpointRestrictions)
-	if !ok {
-		return 0, reasonMediaType
-	}
-	switch opts.Accepted.MediaType {
-	case runtime.ContentTypeJSON:
-		return store.MediaJSON, ""
-	case runtime.ContentTypeProtobuf:
-		return store.MediaProtobuf, ""
-	}
-	return 0, reasonMediaType
 }
 
 // The media types kube-apiserver offers for built-in and for custom

@@ -3,6 +3,8 @@ package cache
 import (
 	"net/http/httptest"
 	"testing"
+
+	"github.com/kube-apicache/kube-apicache/cache/store"
 )
 
 // TestAnswerableAccept: only the Accept forms the cache negotiates exactly
@@ -46,5 +48,42 @@ func TestAnswerableAccept(t *testing.T) {
 	r.Header.Add("Accept", "application/yaml")
 	if _, _, reason := negotiateShape(r, true, "list"); reason != reasonMediaType {
 		t.Errorf("two Accept headers: reason %q, want %q", reason, reasonMediaType)
+	}
+}
+
+// TestNegotiateShapePretty: a request kube-apiserver would answer with
+// indented JSON (?pretty, or a curl, Wget or browser user agent) is
+// forwarded, whether or not it asks for a transformation; so is an Accept
+// header that mentions pretty printing. A plain request is answered in
+// the negotiated type.
+func TestNegotiateShapePretty(t *testing.T) {
+	const metaJSON = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+	for _, tc := range []struct {
+		name, accept, query, userAgent string
+		wantMedia                      store.MediaType
+		wantAs                         transform
+		wantReason                     string
+	}{
+		{name: "plain", accept: "application/vnd.kubernetes.protobuf", wantMedia: store.MediaProtobuf},
+		{name: "no Accept header", wantMedia: store.MediaJSON},
+		{name: "metadata", accept: metaJSON, wantAs: asMetadata},
+		{name: "?pretty", accept: "application/json", query: "pretty=true", wantReason: reasonPretty},
+		{name: "?pretty, metadata", accept: metaJSON, query: "pretty=1", wantReason: reasonPretty},
+		{name: "curl", accept: "application/json", userAgent: "curl/8.5.0", wantReason: reasonPretty},
+		{name: "browser, metadata", accept: metaJSON, userAgent: "Mozilla/5.0 (X11)", wantReason: reasonPretty},
+		{name: "Wget, no Accept header", userAgent: "Wget/1.21", wantReason: reasonPretty},
+		{name: "pretty in the Accept header", accept: "application/json;as=pretty;g=meta.k8s.io;v=v1", wantReason: reasonMediaType},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest("GET", "/api/v1/pods?"+tc.query, nil)
+			if tc.accept != "" {
+				r.Header.Set("Accept", tc.accept)
+			}
+			r.Header.Set("User-Agent", tc.userAgent)
+			m, as, reason := negotiateShape(r, true, "watch")
+			if m != tc.wantMedia || as != tc.wantAs || reason != tc.wantReason {
+				t.Errorf("negotiateShape = %v, %v, %q; want %v, %v, %q", m, as, reason, tc.wantMedia, tc.wantAs, tc.wantReason)
+			}
+		})
 	}
 }

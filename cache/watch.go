@@ -4,10 +4,16 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"strconv"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/cache/store"
@@ -96,7 +102,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 			// resourceVersion it parsed with a stream holding one ERROR
 			// event, not with an HTTP error.
 			c.metrics.watchEnded(res.label, endTooOld)
-			b, encErr := store.Embed(p.media, statusOf(tooOld(from, floor)), res.encoder)
+			b, encErr := p.events.Status(statusOf(tooOld(from, floor)))
 			if encErr != nil {
 				c.encodingFailed(w, r, res, encErr)
 				return
@@ -113,7 +119,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 	// encoding error is still an HTTP error. The encodings are kept with
 	// the objects; each event is framed from them only as it is written.
 	for _, o := range objs {
-		if err := c.prepareEvent(p, o); err != nil {
+		if err := p.events.Prepare(o); err != nil {
 			c.encodingFailed(w, r, res, err)
 			return
 		}
@@ -131,7 +137,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 	defer func() { done(reason) }()
 	ww.start()
 	for _, o := range objs {
-		b, err := c.eventObject(p, o)
+		b, err := p.events.Object(o)
 		if err != nil {
 			return
 		}
@@ -201,8 +207,8 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 			// makes it relist (store/history.go).
 			reason = endWentBack
 			logger.V(2).Info("Ended a watch: the resource's resourceVersion went back", "resource", res.label, "resourceVersion", seen)
-			if b, err := store.Embed(p.media, statusOf(apierrors.NewResourceExpired(
-				"the resource's history was replaced by an older one (its resourceVersion went back): list again")), res.encoder); err == nil {
+			if b, err := p.events.Status(statusOf(apierrors.NewResourceExpired(
+				"the resource's history was replaced by an older one (its resourceVersion went back): list again"))); err == nil {
 				_ = ww.event(watch.Error, b)
 				_ = ww.flushErr()
 			}
@@ -227,7 +233,7 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 				return
 			}
 			if o != nil {
-				b, err := c.eventObject(p, o)
+				b, err := p.events.Object(o)
 				if err != nil {
 					logger.Error(err, "Encoding a watch event failed", "resource", res.label)
 					return
@@ -339,4 +345,35 @@ func (c *Cache) convert(p *plan, e *store.Event) (watch.EventType, *store.Object
 		return watch.Deleted, o, err
 	}
 	return "", nil, nil
+}
+
+// bookmarkObject is a bookmark's object at rv, as kube-apiserver's watch
+// cache makes it: an empty object of the resource's kind carrying only the
+// resourceVersion, and for the end of the initial events the
+// k8s.io/initial-events-end annotation; embedded as p's events embed
+// objects.
+func (c *Cache) bookmarkObject(p *plan, rv uint64, initialEventsEnd bool) ([]byte, error) {
+	res := p.res
+	var obj runtime.Object
+	if res.builtin {
+		o, err := scheme.Scheme.New(res.gvk)
+		if err != nil {
+			return nil, err
+		}
+		obj = o
+	} else {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(res.gvk)
+		obj = u
+	}
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return nil, err
+	}
+	m.SetResourceVersion(strconv.FormatUint(rv, 10))
+	if initialEventsEnd {
+		m.SetAnnotations(map[string]string{metav1.InitialEventsAnnotationKey: "true"})
+	}
+	obj.GetObjectKind().SetGroupVersionKind(res.gvk)
+	return p.events.Bookmark(obj)
 }

@@ -17,5 +17,6 @@
 // event window), object.go (an object's stored form and selector
 // attributes), fields.go (kube-apiserver's field labels), encode.go (JSON
 // and protobuf bodies from the stored bytes), metadata.go
-// (PartialObjectMetadata bodies).
+// (PartialObjectMetadata bodies), embed.go (objects embedded in watch
+// events).
 package store

@@ -43,6 +43,9 @@ type Encoder struct {
 	// list items are written without kind and apiVersion, as kube-apiserver
 	// does for built-in types.
 	itemPrefix []byte
+	// events are the EventEncoders of the kind, by media type and whether
+	// they embed metadata only (embed.go).
+	events [2][2]*EventEncoder
 }
 
 // NewEncoder returns the Encoder of kind gvk; builtin: a type of
@@ -54,6 +57,7 @@ func NewEncoder(gvk schema.GroupVersionKind, builtin bool) *Encoder {
 		json:    jsonserializer.NewSerializerWithOptions(jsonserializer.DefaultMetaFactory, scheme.Scheme, scheme.Scheme, jsonserializer.SerializerOptions{}),
 	}
 	e.itemPrefix = []byte(`{"kind":` + strconv.Quote(gvk.Kind) + `,"apiVersion":` + strconv.Quote(gvk.GroupVersion().String()) + `,`)
+	e.events = newEventEncoders(e)
 	return e
 }
 
@@ -232,6 +236,18 @@ func jsonList(head []byte, objs []*Object, item func(*Object) (open, rest []byte
 // Envelope wraps raw in the protobuf envelope kube-apiserver uses: the
 // magic prefix and a runtime.Unknown holding apiVersion, kind and raw.
 func Envelope(apiVersion, kind string, raw *Body) *Body {
+	head := protowire.AppendVarint(envelopeHead(apiVersion, kind), uint64(raw.Size()))
+	out := &Body{parts: make([][]byte, 0, len(raw.parts)+2)}
+	out.Add(head)
+	out.parts = append(out.parts, raw.parts...)
+	out.Add(bytes.Clone(envelopeTail))
+	return out
+}
+
+// envelopeHead is the protobuf envelope for apiVersion and kind up to the
+// length of its raw message: the magic prefix, the runtime.Unknown's
+// TypeMeta (field 1) and the tag of its raw field (field 2).
+func envelopeHead(apiVersion, kind string) []byte {
 	tm := protowire.AppendTag(nil, 1, protowire.BytesType)
 	tm = protowire.AppendString(tm, apiVersion)
 	tm = protowire.AppendTag(tm, 2, protowire.BytesType)
@@ -239,15 +255,13 @@ func Envelope(apiVersion, kind string, raw *Body) *Body {
 	head := append([]byte{}, ProtobufMagic...)
 	head = protowire.AppendTag(head, 1, protowire.BytesType)
 	head = protowire.AppendBytes(head, tm)
-	head = protowire.AppendTag(head, 2, protowire.BytesType)
-	head = protowire.AppendVarint(head, uint64(raw.Size()))
-	out := &Body{parts: make([][]byte, 0, len(raw.parts)+2)}
-	out.Add(head)
-	out.parts = append(out.parts, raw.parts...)
-	// contentEncoding (field 3) and contentType (field 4), both empty.
-	out.Add([]byte{0x1a, 0x00, 0x22, 0x00})
-	return out
+	return protowire.AppendTag(head, 2, protowire.BytesType)
 }
+
+// envelopeTail ends the protobuf envelope after the raw message: its
+// contentEncoding (field 3) and contentType (field 4), both empty. It must
+// not be modified.
+var envelopeTail = []byte{0x1a, 0x00, 0x22, 0x00}
 
 // Embed encodes obj as an object embedded in a watch event: JSON with kind
 // and apiVersion, or kube-apiserver's protobuf envelope.

@@ -28,25 +28,33 @@ func AsPartialObjectMetadata(obj runtime.Object) (*metav1.PartialObjectMetadata,
 
 // metadataJSON is o as a PartialObjectMetadata in JSON, cached on o.
 func (e *Encoder) metadataJSON(o *Object) ([]byte, error) {
-	return o.Encoded(EncodingMetadataJSON, func(obj runtime.Object) ([]byte, error) {
-		p, err := AsPartialObjectMetadata(obj)
-		if err != nil {
-			return nil, err
-		}
-		return e.EncodeJSON(p)
-	})
+	return o.Encoded(EncodingMetadataJSON, e.encodeMetadataJSON)
+}
+
+// encodeMetadataJSON is obj's PartialObjectMetadata in JSON
+// (EncodingMetadataJSON).
+func (e *Encoder) encodeMetadataJSON(obj runtime.Object) ([]byte, error) {
+	p, err := AsPartialObjectMetadata(obj)
+	if err != nil {
+		return nil, err
+	}
+	return e.EncodeJSON(p)
 }
 
 // metadataProtobuf is o's PartialObjectMetadata protobuf message, cached
 // on o.
 func (e *Encoder) metadataProtobuf(o *Object) ([]byte, error) {
-	return o.Encoded(EncodingMetadataProtobuf, func(obj runtime.Object) ([]byte, error) {
-		p, err := AsPartialObjectMetadata(obj)
-		if err != nil {
-			return nil, err
-		}
-		return p.Marshal()
-	})
+	return o.Encoded(EncodingMetadataProtobuf, encodeMetadataProtobuf)
+}
+
+// encodeMetadataProtobuf is obj's PartialObjectMetadata protobuf message
+// (EncodingMetadataProtobuf).
+func encodeMetadataProtobuf(obj runtime.Object) ([]byte, error) {
+	p, err := AsPartialObjectMetadata(obj)
+	if err != nil {
+		return nil, err
+	}
+	return p.Marshal()
 }
 
 // MetadataObject returns the body of a metadata-only get of o, or o's
