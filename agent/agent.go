@@ -5,25 +5,24 @@ package agent
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"net"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/audit"
 	"github.com/kube-apicache/kube-apicache/agent/interception"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/cache/access"
+	"github.com/kube-apicache/kube-apicache/netrules"
 
 	"github.com/kube-apicache/kube-apicache/agent/degraded"
 	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+	"github.com/kube-apicache/kube-apicache/agent/serving"
 	"github.com/kube-apicache/kube-apicache/agent/upstream"
 )
 
@@ -39,7 +38,7 @@ type Agent struct {
 	up      *upstream.Set
 	metrics *metrics
 	icpt    *interception.Interceptor
-	handler http.Handler
+	serving *serving.Server
 	// metricsServer serves MetricsBindAddress; nil when it is empty.
 	metricsServer *metricsServer
 	// cache answers covered reads; nil when no resource is cached.
@@ -53,9 +52,6 @@ type Agent struct {
 	drain      context.Context
 	startDrain context.CancelFunc
 	now        func() time.Time
-
-	// clientCerts hands client-certificate callers to kube-apiserver.
-	clientCerts *clientCertificates
 
 	// degraded is degraded mode (package degraded).
 	degraded *degraded.Mode
@@ -103,12 +99,12 @@ func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 		a.icpt.RemoveStale()
 		return nil, err
 	}
-	lim := cfg.Limits.withDefaults()
+	lim := cfg.Limits.WithDefaults()
 	if a.up, err = upstream.New(upstream.Config{
 		Endpoints:            cfg.Upstreams,
 		CAFile:               cfg.UpstreamCAFile,
 		ServerName:           cfg.UpstreamServerName,
-		SocketMark:           cfg.SocketMark,
+		DialControl:          netrules.MarkSocket(cfg.SocketMark),
 		HealthPeriod:         cfg.UpstreamHealthPeriod,
 		MaxStreamBuffer:      lim.HTTP2MaxUpstreamStreamBuffer,
 		MaxBufferedBodyBytes: lim.MaxBufferedBodyBytes,
@@ -123,7 +119,7 @@ func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 		Interval:     cfg.LivenessInterval(),
 		ProbeTimeout: cfg.ProbeTimeout(),
 		ServicePort:  cfg.ServicePort,
-		SocketMark:   cfg.SocketMark,
+		DialControl:  netrules.MarkSocket(cfg.SocketMark),
 	}, a.up, a.icpt.VIPs, a.icpt.RequestSync)
 	a.metrics.registry.MustRegister(a.degraded.Collector())
 	a.metrics.registry.MustRegister(a.up.Collectors()...)
@@ -137,7 +133,18 @@ func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 			return nil, err
 		}
 	}
-	a.handler = a.buildHandler()
+	a.serving = serving.New(serving.Options{
+		Limits:         cfg.Limits,
+		Upstream:       a.up,
+		Cache:          a.cache,
+		Audit:          a.audit,
+		Degraded:       a.degraded.Active,
+		SkipSource:     a.icpt.SkipSource,
+		IsNodeAddress:  isNodeAddress,
+		BypassDuration: cfg.BypassDuration,
+		Drain:          a.drain,
+		Registry:       a.metrics.registry,
+	})
 	return a, nil
 }
 
@@ -153,62 +160,6 @@ func (a *Agent) interceptorDeps() interception.Deps {
 		RuleSyncs:       a.metrics.ruleSyncs,
 		Registry:        a.metrics.registry,
 	}
-}
-
-// buildHandler assembles the request path once, at start-up.
-func (a *Agent) buildHandler() http.Handler {
-	readOnly, mutating := a.cfg.Limits.withDefaults().inFlightShares()
-	var observe func(*http.Response)
-	if a.cache != nil {
-		observe = a.cache.ObserveWrite
-	}
-	// In degraded mode nothing is forwarded: each request fails fast
-	// (degraded.go), before it takes an in-flight slot.
-	forward := a.metrics.instrument("forward", failFastWhenDegraded(a.degraded.Active,
-		a.limitInFlight("forward", newForwarder(a.up, observe), readOnly, mutating)))
-	if a.cache != nil {
-		// Covered reads of authorized callers are answered from the cache;
-		// everything else goes to forward unchanged.
-		forward = a.cache.Handler(forward, a.cacheHit)
-	}
-	return a.front(forward)
-}
-
-// cacheHit wraps the handler of the reads the cache answers. Cached reads
-// have an in-flight bound of their own, so a slow upstream holding
-// forwarded reads cannot starve them.
-func (a *Agent) cacheHit(h http.Handler) http.Handler {
-	readOnly, _ := a.cfg.Limits.withDefaults().inFlightShares()
-	return a.metrics.instrument("cache", a.audit.Wrap(a.limitInFlight("cache", h, readOnly, noLimit)))
-}
-
-// front is what every request passes before h, which answers it from the
-// cache or forwards it.
-func (a *Agent) front(h http.Handler) http.Handler {
-	lim := a.cfg.Limits.withDefaults()
-	// Every request, cached or forwarded, counts against the long-running
-	// bounds if it is long-running, and gets deadlines for its body and
-	// its answer if it is not. Long-running requests whose body
-	// kube-apiserver ignores have it dropped.
-	h = withoutIgnoredBody(a.limitLongRunning(withBodyDeadline(a.withRequestTimeout(h, lim.RequestTimeout), lim.RequestBodyTimeout)))
-	// Callers with a TLS client certificate are handed to kube-apiserver
-	// before anything else sees their requests (clientcert.go).
-	if a.clientCerts == nil {
-		a.clientCerts = newClientCertificates(a)
-	}
-	return a.clientCerts.wrap(a.audit.WithReceivedTimestamp(apihttp.WithRequestInfo(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if info, ok := request.RequestInfoFrom(r.Context()); ok && info.Verb == "watch" {
-			ctx, cancel := context.WithCancel(r.Context())
-			defer cancel()
-			stop := context.AfterFunc(a.drain, cancel)
-			defer stop()
-			r = r.WithContext(ctx)
-		}
-		if a.degraded.Active() {
-			r = r.WithContext(apicache.WithDegraded(r.Context()))
-		}
-		h.ServeHTTP(w, r)
-	}))))
 }
 
 // Intercepting returns nil while the agent intercepts the Service VIP,
@@ -314,7 +265,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	// redirected to.
 	var ls []net.Listener
 	for _, ap := range a.cfg.ListenAddresses() {
-		l, err := listen(ctx, ap.String())
+		l, err := serving.Listen(ctx, ap.String())
 		if err != nil {
 			return err
 		}
@@ -348,14 +299,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 		defer msrv.Close()
 	}
-	srv := newServer(a.handler, probingCert{certSource: a.cert, probes: a.icpt.Probes()}, a.cfg.Limits)
-	srv.ErrorLog = newServerErrorLog(logger)
-	srv.ConnState = a.metrics.trackConn
-	// One set of connection bounds for the node, across the listeners.
-	conns := newConnLimiter(a.cfg.Limits, a.metrics, logger)
-	for _, l := range ls {
-		go func() { serveErr <- srv.Serve(tls.NewListener(conns.listener(l), srv.TLSConfig)) }()
-	}
+	a.serving.Serve(logger, ls, probingCert{certSource: a.cert, probes: a.icpt.Probes()}.GetCertificate, serveErr)
 
 	// The background loops stop before shutdown touches the dataplanes.
 	loops, stopLoops := context.WithCancel(ctx)
@@ -386,7 +330,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	stopLoops()
 	wg.Wait()
 	shutDown = true
-	a.shutdown(logger, srv)
+	a.shutdown(logger)
 	return runErr
 }
 
@@ -401,7 +345,7 @@ const listenerLinger = 500 * time.Millisecond
 // stays until the server has stopped; it stays for good if the jumps could
 // not be removed (a redirect to a missing address would black-hole
 // traffic), or if a successor has installed its redirect meanwhile.
-func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
+func (a *Agent) shutdown(logger klog.Logger) {
 	removed := a.icpt.Stop(logger)
 	// Connections redirected just before the entries went may still sit
 	// in the listener's accept queue, their clients waiting for the TLS
@@ -416,12 +360,12 @@ func (a *Agent) shutdown(logger klog.Logger, srv *http.Server) {
 	// their next request on a new connection (now past the removed
 	// redirect); then open watches are ended to make their clients
 	// reconnect the same way.
-	go func() { done <- srv.Shutdown(ctx) }()
+	go func() { done <- a.serving.Shutdown(ctx) }()
 	time.Sleep(100 * time.Millisecond)
 	a.startDrain()
 	if err := <-done; err != nil {
 		logger.Info("Grace period over; closing remaining connections", "gracePeriod", a.cfg.ShutdownGracePeriod)
-		_ = srv.Close()
+		_ = a.serving.Close()
 	}
 	a.icpt.ReleaseAddresses(logger, removed)
 }
@@ -435,7 +379,7 @@ func (a *Agent) newCache() error {
 		return nil
 	}
 	reviewer, err := access.New(a.restConfig(), access.Options{
-		Gate:        a.cfg.Limits.gate(),
+		Gate:        a.cfg.Limits.GateOptions(),
 		DegradedTTL: a.cfg.DegradedDecisionTTL,
 		Degraded:    a.degraded.Active,
 		Unreachable: a.degraded.ReviewsUnreachable,
@@ -454,14 +398,14 @@ func (a *Agent) newCache() error {
 		WaitTimeout:          a.cfg.CacheWaitTimeout,
 		ConsistentReads:      a.cfg.CacheConsistentReads,
 		ProbeMaxObjects:      a.cfg.CacheProbeMaxObjects,
-		ProbeBudget:          a.cfg.Limits.probeBudget(),
+		ProbeBudget:          a.cfg.Limits.ProbeBudget(),
 		AsNode:               a.cfg.CacheAsNode,
 		OnDemand:             true,
 		Pinned:               a.cfg.CachePinnedResources,
 		IdleTimeout:          a.cfg.CacheIdleTimeout,
 		HistoryEvents:        a.cfg.CacheHistoryEvents,
 		HistoryBytes:         a.cfg.CacheHistoryBytes,
-		MaxInFlightPerSource: a.cfg.Limits.withDefaults().MaxCacheRequestsPerSource,
+		MaxInFlightPerSource: a.cfg.Limits.WithDefaults().MaxCacheRequestsPerSource,
 		Registerer:           a.metrics.registry,
 	})
 	if err != nil {

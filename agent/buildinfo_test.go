@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kube-apicache/kube-apicache/agent/serving"
 	"github.com/kube-apicache/kube-apicache/agent/version"
 	"github.com/kube-apicache/kube-apicache/cache"
 )
@@ -37,7 +38,7 @@ func newAgentFromNew(t *testing.T) *Agent {
 	cfg.PodPathCheckInterval, cfg.BypassDuration = DefaultPodPathCheckInterval, DefaultBypassDuration
 	cfg.CacheWaitTimeout, cfg.CacheIdleTimeout = cache.DefaultWaitTimeout, cache.DefaultIdleTimeout
 	cfg.CacheHistoryEvents, cfg.CacheHistoryBytes = cache.DefaultHistoryEvents, cache.DefaultHistoryBytes
-	cfg.Limits = DefaultLimits()
+	cfg.Limits = serving.DefaultLimits()
 	var err error
 	if cfg.CacheResources, err = cache.ParseResources(cache.DefaultResources); err != nil {
 		t.Fatal(err)

@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"context"
+	"crypto/tls"
 	"fmt"
 
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/kube-apicache/kube-apicache/agent/identity"
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 )
 
 // newCertSource picks the serving certificate source: files when
@@ -68,4 +71,36 @@ func orDefault(v, def string) string {
 		return def
 	}
 	return v
+}
+
+// certSource supplies the serving certificate and says whether it may be
+// used to stand in for kube-apiserver.
+type certSource interface {
+	// GetCertificate is a tls.Config GetCertificate: a rotated certificate
+	// is served to new handshakes while established connections keep theirs.
+	GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
+	// Ready returns nil while the certificate is valid now and trusted by
+	// the pods' CA bundle for every name and IP they dial; else the reason.
+	Ready() error
+	// Run keeps the certificate current until ctx ends.
+	Run(ctx context.Context)
+}
+
+// The sources live in package identity: a certificate obtained through the
+// CSR API, or one from files.
+var (
+	_ certSource = (*identity.CSRSource)(nil)
+	_ certSource = (*identity.FileSource)(nil)
+)
+
+// probingCert wraps a certSource so that the listener records self-check
+// handshakes.
+type probingCert struct {
+	certSource
+	probes *interception.Probes
+}
+
+func (c probingCert) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	c.probes.Observe(hello.ServerName)
+	return c.certSource.GetCertificate(hello)
 }

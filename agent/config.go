@@ -15,6 +15,7 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent/audit"
 	"github.com/kube-apicache/kube-apicache/agent/identity"
 	"github.com/kube-apicache/kube-apicache/agent/interception"
+	"github.com/kube-apicache/kube-apicache/agent/serving"
 	"github.com/kube-apicache/kube-apicache/agent/upstream"
 	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/netrules"
@@ -107,7 +108,7 @@ type Config struct {
 	ShutdownGracePeriod time.Duration
 
 	// Limits bound what clients can make the agent hold (limits.go).
-	Limits Limits
+	Limits serving.Limits
 
 	// CacheResources are the resources whose covered reads are answered
 	// from the node-local cache; empty disables the cache.

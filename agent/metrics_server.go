@@ -22,6 +22,8 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
 )
 
 // The metrics listener serves /metrics, the health paths and, with
@@ -76,7 +78,7 @@ func (auth *metricsAuth) secure(h http.Handler, profiling bool) http.Handler {
 	unauthorized := filters.Unauthorized(codecs)
 	failed := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if mark, ok := r.Context().Value(throttleMarkKey{}).(*throttleMark); ok && mark.throttled {
-			writeStatus(w, r, apierrors.NewTooManyRequests(errReviewThrottled.Error(), 1))
+			apihttp.WriteStatus(w, r, apierrors.NewTooManyRequests(errReviewThrottled.Error(), 1))
 			return
 		}
 		unauthorized.ServeHTTP(w, r)
@@ -88,11 +90,11 @@ func (auth *metricsAuth) secure(h http.Handler, profiling bool) http.Handler {
 	gated := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case !servedMetricsPath(r.URL.Path, profiling):
-			writeStatus(w, r, metricsStatus(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("%q is not served here", r.URL.Path)))
+			apihttp.WriteStatus(w, r, metricsStatus(http.StatusNotFound, metav1.StatusReasonNotFound, fmt.Sprintf("%q is not served here", r.URL.Path)))
 			return
 		case r.Method != http.MethodGet:
 			w.Header().Set("Allow", http.MethodGet)
-			writeStatus(w, r, metricsStatus(http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed, fmt.Sprintf("method %q is not allowed; only GET is", r.Method)))
+			apihttp.WriteStatus(w, r, metricsStatus(http.StatusMethodNotAllowed, metav1.StatusReasonMethodNotAllowed, fmt.Sprintf("method %q is not allowed; only GET is", r.Method)))
 			return
 		case slices.Contains(metricsHealthPaths, r.URL.Path):
 			// Open to anyone: served before authentication, so that a
@@ -108,9 +110,9 @@ func (auth *metricsAuth) secure(h http.Handler, profiling bool) http.Handler {
 		authed.ServeHTTP(w, r.WithContext(ctx))
 	})
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		rec := &statusRecorder{ResponseWriter: w}
+		rec := &apihttp.StatusRecorder{ResponseWriter: w}
 		gated.ServeHTTP(rec, r)
-		if reason, ok := refusalReasons[int(rec.status.Load())]; ok {
+		if reason, ok := refusalReasons[rec.Code()]; ok {
 			auth.metrics.refused.WithLabelValues(reason).Inc()
 		}
 	})
@@ -176,7 +178,7 @@ func (s *metricsServer) run(ctx context.Context, l net.Listener, nodeName string
 		MaxHeaderBytes: 64 << 10,
 		// Handshake errors of junk connections at V(4), not per
 		// connection at the DaemonSet's -v=2.
-		ErrorLog: newServerErrorLogAt(klog.FromContext(ctx), 4),
+		ErrorLog: apihttp.ServerErrorLogAt(klog.FromContext(ctx), 4),
 	}
 	tlsConfig := &tls.Config{
 		MinVersion:     tls.VersionTLS12,

@@ -12,13 +12,13 @@ import (
 	"net/url"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/interception"
-	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
 // Degraded mode: when no kube-apiserver endpoint has answered the agent for
@@ -98,9 +98,10 @@ type Config struct {
 	// Interval is how often the mode is decided (the liveness interval);
 	// ProbeTimeout bounds one probe of kube-proxy's path.
 	Interval, ProbeTimeout time.Duration
-	// ServicePort and SocketMark reach kube-proxy's path to the VIPs.
+	// ServicePort and DialControl (which sets the socket mark the
+	// redirect lets through) reach kube-proxy's path to the VIPs.
 	ServicePort uint16
-	SocketMark  uint32
+	DialControl func(network, address string, c syscall.RawConn) error
 }
 
 // New returns the mode, off until Run finds the outage. vips lists the
@@ -289,7 +290,7 @@ func (m *Mode) probeKubeProxy(ctx context.Context) error {
 // probeVIP sends GET /readyz to addr with the socket mark and returns nil
 // on any HTTP answer.
 func (m *Mode) probeVIP(ctx context.Context, addr netip.AddrPort) error {
-	dialer := &net.Dialer{Control: netrules.MarkSocket(m.cfg.SocketMark)}
+	dialer := &net.Dialer{Control: m.cfg.DialControl}
 	t := &http.Transport{
 		Proxy:       nil,
 		DialContext: dialer.DialContext,

@@ -1,4 +1,4 @@
-package agent
+package serving
 
 import (
 	"fmt"
@@ -10,7 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 
-	"github.com/kube-apicache/kube-apicache/netrules"
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
 )
 
 // Callers that authenticate with a TLS client certificate.
@@ -53,17 +53,17 @@ type clientCertificates struct {
 	handoffs *prometheus.CounterVec
 }
 
-func newClientCertificates(a *Agent) *clientCertificates {
+func newClientCertificates(o Options) *clientCertificates {
 	cc := &clientCertificates{
-		skip:    a.icpt.SkipSource,
-		bypass:  a.cfg.BypassDuration,
-		isLocal: isNodeAddress,
+		skip:    o.SkipSource,
+		bypass:  o.BypassDuration,
+		isLocal: o.IsNodeAddress,
 		handoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_client_certificate_requests_total",
 			Help: "Requests on connections that presented a TLS client certificate, which the agent cannot pass on: outcome bypassed (the source goes to kube-apiserver through kube-proxy's path for --bypass-duration, the request is told to retry), refused (a host-network caller, or no skip set: 401), error (the skip set could not be updated: 503 to retry).",
 		}, []string{"outcome"}),
 	}
-	a.metrics.registry.MustRegister(cc.handoffs)
+	o.Registry.MustRegister(cc.handoffs)
 	return cc
 }
 
@@ -91,7 +91,7 @@ func (cc *clientCertificates) handOff(w http.ResponseWriter, r *http.Request) {
 		cc.handoffs.WithLabelValues("refused").Inc()
 		logger.V(2).Info("Refusing a client-certificate caller the agent cannot steer to kube-apiserver",
 			"source", r.RemoteAddr, "commonName", subject)
-		writeStatus(w, r, apierrors.NewUnauthorized(
+		apihttp.WriteStatus(w, r, apierrors.NewUnauthorized(
 			"the node-local API proxy (kube-apicache) cannot pass a TLS client certificate on to kube-apiserver; "+
 				"from the host network, connect to kube-apiserver's own address, or authenticate with a token"))
 		return
@@ -101,23 +101,13 @@ func (cc *clientCertificates) handOff(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		cc.handoffs.WithLabelValues("error").Inc()
 		logger.Error(err, "Adding a client-certificate caller to the skip set", "source", src.Addr())
-		writeStatus(w, r, apierrors.NewServiceUnavailable("the node-local API proxy could not hand this client-certificate connection to kube-apiserver; retry"))
+		apihttp.WriteStatus(w, r, apierrors.NewServiceUnavailable("the node-local API proxy could not hand this client-certificate connection to kube-apiserver; retry"))
 		return
 	}
 	cc.handoffs.WithLabelValues("bypassed").Inc()
 	logger.V(2).Info("Client-certificate caller goes to kube-apiserver through kube-proxy's path",
 		"source", src.Addr(), "commonName", subject, "bypassDuration", cc.bypass)
-	writeStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf(
+	apihttp.WriteStatus(w, r, apierrors.NewTooManyRequests(fmt.Sprintf(
 		"this connection presented a TLS client certificate, which the node-local API proxy cannot pass on; "+
 			"new connections from %s now reach kube-apiserver directly for %s, please retry", src.Addr(), cc.bypass), 1))
-}
-
-// isNodeAddress reports whether addr is an address of the node's own
-// interfaces (a host-network caller), or one that cannot be told apart.
-func isNodeAddress(addr netip.Addr) bool {
-	if addr.IsLoopback() || addr.IsUnspecified() {
-		return true
-	}
-	addrs, err := netrules.NodeAddresses()
-	return err != nil || addrs[addr]
 }

@@ -1,4 +1,4 @@
-package agent
+package serving
 
 import (
 	"crypto/tls"
@@ -11,10 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/kube-apicache/kube-apicache/agent/interception"
 )
 
 // TestClientCertificates: a request without a client certificate goes on
@@ -24,9 +23,8 @@ import (
 // clients to go elsewhere; one from the node itself, or with the pod-path
 // check off, gets a 401 that says why; none reaches the handler.
 func TestClientCertificates(t *testing.T) {
-	a := &Agent{cfg: &Config{Config: interception.Config{BypassDuration: 10 * time.Minute}}, metrics: newMetrics()}
 	reached := 0
-	cc := newClientCertificates(a)
+	cc := newClientCertificates(Options{BypassDuration: 10 * time.Minute, Registry: prometheus.NewRegistry()})
 	// The skip sets are the interceptor's (TestSkipSource there); here a
 	// family with a skip set is one that records the sources.
 	skipped := map[netip.Addr]bool{}
@@ -90,16 +88,6 @@ func TestClientCertificates(t *testing.T) {
 	for outcome, want := range map[string]float64{"bypassed": 1, "refused": 2} {
 		if got := testutil.ToFloat64(cc.handoffs.WithLabelValues(outcome)); got != want {
 			t.Errorf("%s: %v, want %v", outcome, got, want)
-		}
-	}
-}
-
-// TestIsNodeAddress: loopback and the node's own addresses are the host
-// network; a documentation address is not.
-func TestIsNodeAddress(t *testing.T) {
-	for addr, want := range map[string]bool{"127.0.0.1": true, "::1": true, "0.0.0.0": true, "203.0.113.77": false} {
-		if got := isNodeAddress(netip.MustParseAddr(addr)); got != want {
-			t.Errorf("isNodeAddress(%s) = %v, want %v", addr, got, want)
 		}
 	}
 }

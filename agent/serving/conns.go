@@ -1,4 +1,4 @@
-package agent
+package serving
 
 import (
 	"context"
@@ -41,7 +41,7 @@ type connLimiter struct {
 
 // newConnLimiter returns the connection bounds of l, counted in m.
 func newConnLimiter(l Limits, m *metrics, logger klog.Logger) *connLimiter {
-	l = l.withDefaults()
+	l = l.WithDefaults()
 	return &connLimiter{
 		pool: fairshare.New(fairshare.Limits{
 			Guaranteed: l.GuaranteedConnectionsPerSource,

@@ -1,4 +1,4 @@
-package agent
+package serving
 
 import (
 	"net/http"
@@ -6,6 +6,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/endpoints/request"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
 )
 
 // degradedRetryAfter is the Retry-After of the fast failures of degraded
@@ -28,13 +30,13 @@ func failFastWhenDegraded(active func() bool, next http.Handler) http.Handler {
 		info, _ := request.RequestInfoFrom(r.Context())
 		switch {
 		case info != nil && info.IsResourceRequest && (info.Verb == "get" || info.Verb == "list") && isConsistentRead(r):
-			writeStatus(w, r, apierrors.NewTimeoutError("request did not complete within the allotted timeout", 0))
+			apihttp.WriteStatus(w, r, apierrors.NewTimeoutError("request did not complete within the allotted timeout", 0))
 		case info != nil && info.Verb == "watch":
-			writeStatus(w, r, apierrors.NewTooManyRequests("kube-apiserver is unreachable (the node-local API proxy is in degraded mode); retry the watch", degradedRetryAfter))
+			apihttp.WriteStatus(w, r, apierrors.NewTooManyRequests("kube-apiserver is unreachable (the node-local API proxy is in degraded mode); retry the watch", degradedRetryAfter))
 		default:
 			err := apierrors.NewServiceUnavailable("kube-apiserver is unreachable (the node-local API proxy is in degraded mode, serving only cached reads)")
 			err.ErrStatus.Details = &metav1.StatusDetails{RetryAfterSeconds: degradedRetryAfter}
-			writeStatus(w, r, err)
+			apihttp.WriteStatus(w, r, err)
 		}
 	})
 }

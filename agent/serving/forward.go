@@ -1,4 +1,4 @@
-package agent
+package serving
 
 import (
 	"context"
@@ -69,7 +69,7 @@ func newReverseProxy(up *upstream.Set, observe func(*http.Response)) *httputil.R
 		Transport:     up,
 		FlushInterval: -1,
 		BufferPool:    copyBuffers,
-		ErrorLog:      newServerErrorLog(klog.Background()),
+		ErrorLog:      apihttp.ServerErrorLog(klog.Background()),
 		ModifyResponse: func(resp *http.Response) error {
 			if apihttp.IsUpgrade(resp.Request) && resp.StatusCode != http.StatusSwitchingProtocols {
 				resp.Header.Set("Connection", "close")
@@ -87,7 +87,7 @@ func newReverseProxy(up *upstream.Set, observe func(*http.Response)) *httputil.R
 				// The client held its body back (the read deadline also
 				// cancelled the request's context); it is still there to
 				// be told.
-				writeStatus(w, r, timeout)
+				apihttp.WriteStatus(w, r, timeout)
 				return
 			}
 			if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
@@ -111,10 +111,10 @@ func newReverseProxy(up *upstream.Set, observe func(*http.Response)) *httputil.R
 				// retries with backoff from where it was; 503 would make
 				// it relist. 429 with Retry-After is the answer it treats
 				// the same way.
-				writeStatus(w, r, apierrors.NewTooManyRequests("the node-local API proxy could not reach kube-apiserver; retry the watch", 1))
+				apihttp.WriteStatus(w, r, apierrors.NewTooManyRequests("the node-local API proxy could not reach kube-apiserver; retry the watch", 1))
 				return
 			}
-			writeStatus(w, r, apierrors.NewServiceUnavailable("the node-local API proxy could not reach kube-apiserver"))
+			apihttp.WriteStatus(w, r, apierrors.NewServiceUnavailable("the node-local API proxy could not reach kube-apiserver"))
 		},
 	}
 }

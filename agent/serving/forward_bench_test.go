@@ -1,4 +1,4 @@
-package agent
+package serving
 
 import (
 	"bytes"
@@ -8,16 +8,19 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 
-	"github.com/kube-apicache/kube-apicache/agent/degraded"
 	"github.com/kube-apicache/kube-apicache/agent/upstream"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
 )
 
 // BenchmarkForwardWrite measures a forwarded write through the serving
@@ -52,10 +55,10 @@ func BenchmarkForwardWrite(b *testing.B) {
 
 	a := newBenchAgent(b, upstream)
 	front := httptest.NewUnstartedServer(nil)
-	front.Config = newServer(a.handler, benchCert{upstream.TLS}, a.cfg.Limits)
-	front.Config.ErrorLog = newServerErrorLog(klog.Background())
+	front.Config = newServer(a.handler, benchCert{upstream.TLS}.GetCertificate, a.limits)
+	front.Config.ErrorLog = apihttp.ServerErrorLog(klog.Background())
 	front.Config.ConnState = a.metrics.trackConn
-	front.Listener = newConnLimiter(a.cfg.Limits, a.metrics, klog.Background()).listener(front.Listener)
+	front.Listener = newConnLimiter(a.limits, a.metrics, klog.Background()).listener(front.Listener)
 	front.EnableHTTP2 = true
 	front.StartTLS()
 	defer front.Close()
@@ -112,7 +115,7 @@ func BenchmarkForwardWrite(b *testing.B) {
 // newBenchAgent returns an agent, with a cache of pods and services and
 // the default limits, that forwards to upstream over HTTP/2 with the
 // transport settings of upstream.New.
-func newBenchAgent(b *testing.B, srv *httptest.Server) *Agent {
+func newBenchAgent(b *testing.B, srv *httptest.Server) *Server {
 	b.Helper()
 	u, _ := url.Parse(srv.URL)
 	t := srv.Client().Transport.(*http.Transport).Clone()
@@ -122,19 +125,18 @@ func newBenchAgent(b *testing.B, srv *httptest.Server) *Agent {
 	up := upstream.NewWithTransport(t, upstream.Config{Endpoints: []*url.URL{u}, MaxBufferedBodyBytes: DefaultMaxBufferedBodyBytes})
 	drain, startDrain := context.WithCancel(context.Background())
 	b.Cleanup(startDrain)
-	a := &Agent{cfg: &Config{Limits: DefaultLimits()}, up: up, metrics: newMetrics(), drain: drain, startDrain: startDrain}
-	a.degraded = degraded.New(degraded.Config{}, up, nil, func() {})
+	reg := prometheus.NewRegistry()
 	specs, err := apicache.ParseResources("pods,services")
 	if err != nil {
 		b.Fatal(err)
 	}
-	a.cache, err = apicache.New(apicache.Config{NodeName: "node-a", Resources: specs, RESTConfig: &rest.Config{Host: srv.URL},
-		OnDemand: true, MaxInFlightPerSource: apicache.DefaultMaxInFlightPerSource, Registerer: a.metrics.registry})
+	c, err := apicache.New(apicache.Config{NodeName: "node-a", Resources: specs, RESTConfig: &rest.Config{Host: srv.URL},
+		OnDemand: true, MaxInFlightPerSource: apicache.DefaultMaxInFlightPerSource, Registerer: reg})
 	if err != nil {
 		b.Fatal(err)
 	}
-	a.handler = a.buildHandler()
-	return a
+	return New(Options{Limits: DefaultLimits(), Upstream: up, Cache: c, Degraded: func() bool { return false }, Drain: drain, Registry: reg,
+		SkipSource: func(netip.Addr) (bool, error) { return false, nil }, IsNodeAddress: func(netip.Addr) bool { return false }})
 }
 
 // benchCert serves the test server's certificate.

@@ -1,23 +1,24 @@
-package agent
+package serving
 
 import (
 	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/kube-apicache/kube-apicache/agent/degraded"
 	"github.com/kube-apicache/kube-apicache/agent/upstream"
 )
 
 // newTestAgent returns an agent whose upstream is the given test server.
-func newTestAgent(t *testing.T, upstream *httptest.Server) *Agent {
+func newTestAgent(t *testing.T, upstream *httptest.Server) *Server {
 	t.Helper()
 	return newTestAgentWithUpstreams(t, newTestUpstream(upstream, 0))
 }
@@ -30,14 +31,12 @@ func newTestUpstream(srv *httptest.Server, buffered int) *upstream.Set {
 }
 
 // newTestAgentWithUpstreams returns an agent that forwards to up.
-func newTestAgentWithUpstreams(t *testing.T, up *upstream.Set) *Agent {
+func newTestAgentWithUpstreams(t *testing.T, up *upstream.Set) *Server {
 	t.Helper()
 	drain, startDrain := context.WithCancel(context.Background())
 	t.Cleanup(startDrain)
-	a := &Agent{cfg: &Config{}, up: up, metrics: newMetrics(), drain: drain, startDrain: startDrain}
-	a.degraded = degraded.New(degraded.Config{}, up, nil, func() {})
-	a.handler = a.buildHandler()
-	return a
+	return New(Options{Upstream: up, Degraded: func() bool { return false }, Drain: drain, Registry: prometheus.NewRegistry(),
+		SkipSource: func(netip.Addr) (bool, error) { return false, nil }, IsNodeAddress: func(netip.Addr) bool { return false }})
 }
 
 // TestForwardHeaders checks what reaches the upstream: the client's
@@ -127,9 +126,9 @@ func TestForwardWatchEndsWithClient(t *testing.T) {
 	}
 }
 
-func dumpRequests(t *testing.T, a *Agent) string {
+func dumpRequests(t *testing.T, a *Server) string {
 	t.Helper()
-	mfs, err := a.metrics.registry.Gather()
+	mfs, err := a.metrics.reg.(prometheus.Gatherer).Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

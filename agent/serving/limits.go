@@ -1,4 +1,4 @@
-package agent
+package serving
 
 import (
 	"context"
@@ -337,9 +337,9 @@ func (l *Limits) Validate() error {
 	return nil
 }
 
-// withDefaults returns l with zero sizes and durations replaced by the
+// WithDefaults returns l with zero sizes and durations replaced by the
 // defaults.
-func (l Limits) withDefaults() Limits {
+func (l Limits) WithDefaults() Limits {
 	d := DefaultLimits()
 	setDefault(&l.ReadHeaderTimeout, d.ReadHeaderTimeout)
 	setDefault(&l.IdleTimeout, d.IdleTimeout)
@@ -373,16 +373,16 @@ func setDefault[T comparable](v *T, def T) {
 	}
 }
 
-// gate returns the review bounds of the access reviewer.
-func (l Limits) gate() access.GateOptions {
+// GateOptions returns the review bounds of the access reviewer.
+func (l Limits) GateOptions() access.GateOptions {
 	return access.GateOptions{QPS: l.ReviewQPS, Burst: l.ReviewBurst,
 		UnverifiedQPS: l.ReviewQPSUnverified, UnverifiedBurst: l.ReviewBurstUnverified,
 		SourceQPS: l.ReviewQPSPerSource, SourceBurst: l.ReviewBurstPerSource,
 		ReservedQPS: l.ReviewQPSReserved, ReservedBurst: l.ReviewBurstReserved}
 }
 
-// probeBudget returns the bounds of the cache's consistent-read probes.
-func (l Limits) probeBudget() apicache.ProbeBudget {
+// ProbeBudget returns the bounds of the cache's consistent-read probes.
+func (l Limits) ProbeBudget() apicache.ProbeBudget {
 	return apicache.ProbeBudget{ObjectsPerSecond: l.ProbeObjectsPerSecond, Burst: l.ProbeObjectsBurst,
 		ObjectsPerSecondPerSource: l.ProbeObjectsPerSecondPerSource, BurstPerSource: l.ProbeObjectsBurstPerSource,
 		RoundsPerSecond: l.ProbesPerSecond, RoundsPerSecondPerSource: l.ProbesPerSecondPerSource}
@@ -395,7 +395,7 @@ func (l Limits) probeBudget() apicache.ProbeBudget {
 // for the request timeout: its streams' write deadlines cannot end them
 // while the connection's writer is stuck in TCP.
 func (l Limits) http2Config() *http.HTTP2Config {
-	l = l.withDefaults()
+	l = l.WithDefaults()
 	conn := int64(l.HTTP2MaxStreamBuffer) * int64(l.HTTP2MaxStreams)
 	if conn > 1<<31-1 {
 		conn = 1<<31 - 1
@@ -420,7 +420,7 @@ func (l Limits) http2Config() *http.HTTP2Config {
 // bound gets kube-apiserver's 429 with Retry-After: 1, which client-go
 // honours by retrying, and is counted as rejected under handler. The
 // request must carry its RequestInfo (apihttp.WithRequestInfo).
-func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating fairshare.Limits) http.Handler {
+func (s *Server) limitInFlight(handler string, h http.Handler, readOnly, mutating fairshare.Limits) http.Handler {
 	if readOnly.Unbounded() && mutating.Unbounded() {
 		return h
 	}
@@ -431,7 +431,7 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 	}
 	bounds := map[string]bound{}
 	for kind, lim := range map[string]fairshare.Limits{"readOnly": readOnly, "mutating": mutating} {
-		bounds[kind] = bound{fairshare.New(lim), a.metrics.inFlight.WithLabelValues(handler, kind)}
+		bounds[kind] = bound{fairshare.New(lim), s.metrics.inFlight.WithLabelValues(handler, kind)}
 	}
 	refusals := newThrottledLog("Requests refused: too many in flight", handler)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -458,7 +458,7 @@ func (a *Agent) limitInFlight(handler string, h http.Handler, readOnly, mutating
 		src := requestSource(r)
 		slot, refused := b.pool.Acquire(src)
 		if refused != "" {
-			a.metrics.rejected.WithLabelValues(handler, kind, string(refused)).Inc()
+			s.metrics.rejected.WithLabelValues(handler, kind, string(refused)).Inc()
 			refusals.log(klog.FromContext(r.Context()), "source", src, "kind", kind, "reason", refused)
 			// kube-apiserver's answer (filters.WithMaxInFlightLimit).
 			w.Header().Set("Retry-After", "1")
@@ -509,13 +509,13 @@ func (m *metrics) trackConn(_ net.Conn, state http.ConnState) {
 // limits leave these requests out, since each may stay open for hours;
 // here each holds a goroutine, buffers and an upstream stream, so they are
 // bounded separately. The request must carry its RequestInfo.
-func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
-	lim := a.cfg.Limits.withDefaults().longRunningShare()
+func (s *Server) limitLongRunning(h http.Handler) http.Handler {
+	lim := s.limits.WithDefaults().longRunningShare()
 	if lim.Unbounded() {
 		return h
 	}
 	pool := fairshare.New(lim)
-	gauge := a.metrics.inFlight.WithLabelValues("long-running", "long-running")
+	gauge := s.metrics.inFlight.WithLabelValues("long-running", "long-running")
 	refusals := newThrottledLog("Requests refused: too many long-running", "long-running")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		info, ok := request.RequestInfoFrom(r.Context())
@@ -526,10 +526,10 @@ func (a *Agent) limitLongRunning(h http.Handler) http.Handler {
 		src := requestSource(r)
 		slot, refused := pool.Acquire(src)
 		if refused != "" {
-			a.metrics.rejected.WithLabelValues("long-running", "long-running", string(refused)).Inc()
+			s.metrics.rejected.WithLabelValues("long-running", "long-running", string(refused)).Inc()
 			refusals.log(klog.FromContext(r.Context()), "source", src, "reason", refused)
 			w.Header().Set("Retry-After", "1")
-			writeStatus(w, r, apierrors.NewTooManyRequests("too many long-running requests through the node-local API proxy, please try again later", 1))
+			apihttp.WriteStatus(w, r, apierrors.NewTooManyRequests("too many long-running requests through the node-local API proxy, please try again later", 1))
 			return
 		}
 		gauge.Inc()
@@ -573,7 +573,7 @@ func sourceOf(remoteAddr string) string {
 // holds its slot for as long as the client keeps its connection. (net/http
 // lifts an HTTP/1.1 connection's write deadline after each request, so the
 // next request on it starts without one.)
-func (a *Agent) withRequestTimeout(h http.Handler, timeout time.Duration) http.Handler {
+func (s *Server) withRequestTimeout(h http.Handler, timeout time.Duration) http.Handler {
 	timeouts := newThrottledLog("Ended answers not written within the request timeout", "")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if apihttp.IsUpgrade(r) || apihttp.IsLongRunning(r) {
@@ -589,7 +589,7 @@ func (a *Agent) withRequestTimeout(h http.Handler, timeout time.Duration) http.H
 		// http.ErrAbortHandler.
 		defer func() {
 			if !time.Now().Before(deadline) {
-				a.metrics.requestTimeouts.Inc()
+				s.metrics.requestTimeouts.Inc()
 				timeouts.log(klog.FromContext(r.Context()), "source", sourceOf(r.RemoteAddr), "method", r.Method, "path", r.URL.Path, "timeout", timeout)
 			}
 		}()

@@ -1,4 +1,4 @@
-package agent
+package serving
 
 import (
 	"bufio"
@@ -27,6 +27,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -91,10 +92,10 @@ type testServer struct {
 func startTestServer(t *testing.T, h http.Handler, limits Limits) *testServer {
 	t.Helper()
 	cert := newStaticCert(t)
-	srv := newServer(h, cert, limits)
-	m := newMetrics()
+	srv := newServer(h, cert.GetCertificate, limits)
+	m := newMetrics(prometheus.NewRegistry())
 	srv.ConnState = m.trackConn
-	srv.ErrorLog = newServerErrorLog(klog.Background())
+	srv.ErrorLog = apihttp.ServerErrorLog(klog.Background())
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -751,13 +752,13 @@ func TestNeverReadAnswers(t *testing.T) {
 		name, path string
 		// agent returns an agent with limits and its handler, which counts
 		// the requests that reach the answer in served.
-		agent func(t *testing.T, limits Limits, served *atomic.Int32) (*Agent, http.Handler)
+		agent func(t *testing.T, limits Limits, served *atomic.Int32) (*Server, http.Handler)
 	}{{
 		// GET /openapi/v2, which any ServiceAccount token may read, is
 		// forwarded; its answer is larger than the upstream window.
 		name: "forwarded",
 		path: "/openapi/v2",
-		agent: func(t *testing.T, limits Limits, served *atomic.Int32) (*Agent, http.Handler) {
+		agent: func(t *testing.T, limits Limits, served *atomic.Int32) (*Server, http.Handler) {
 			upstream := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.URL.Path == "/openapi/v2" {
 					served.Add(1)
@@ -778,7 +779,7 @@ func TestNeverReadAnswers(t *testing.T) {
 		// encodings).
 		name: "cached",
 		path: "/api/v1/namespaces/a/configmaps",
-		agent: func(t *testing.T, limits Limits, served *atomic.Int32) (*Agent, http.Handler) {
+		agent: func(t *testing.T, limits Limits, served *atomic.Int32) (*Server, http.Handler) {
 			unused := httptest.NewTLSServer(http.NotFoundHandler())
 			t.Cleanup(unused.Close)
 			a := newTestAgentWithLimits(t, unused, limits)
@@ -954,10 +955,10 @@ func TestWatchBodies(t *testing.T) {
 	})
 	for _, tc := range []struct {
 		name  string
-		agent func(t *testing.T, limits Limits) (*Agent, http.Handler)
+		agent func(t *testing.T, limits Limits) (*Server, http.Handler)
 	}{{
 		name: "forwarded",
-		agent: func(t *testing.T, limits Limits) (*Agent, http.Handler) {
+		agent: func(t *testing.T, limits Limits) (*Server, http.Handler) {
 			upstream := httptest.NewUnstartedServer(watch)
 			upstream.EnableHTTP2 = true
 			upstream.StartTLS()
@@ -967,7 +968,7 @@ func TestWatchBodies(t *testing.T) {
 		},
 	}, {
 		name: "cached",
-		agent: func(t *testing.T, limits Limits) (*Agent, http.Handler) {
+		agent: func(t *testing.T, limits Limits) (*Server, http.Handler) {
 			unused := httptest.NewTLSServer(http.NotFoundHandler())
 			t.Cleanup(unused.Close)
 			a := newTestAgentWithLimits(t, unused, limits)
@@ -1074,19 +1075,19 @@ func memInUse() int64 {
 }
 
 // newTestAgentWithLimits is newTestAgent with limits set.
-func newTestAgentWithLimits(t *testing.T, upstream *httptest.Server, limits Limits) *Agent {
+func newTestAgentWithLimits(t *testing.T, upstream *httptest.Server, limits Limits) *Server {
 	t.Helper()
 	return newTestAgentWithLimitsAndBodies(t, upstream, limits, 0)
 }
 
 // newTestAgentWithLimitsAndBodies is newTestAgentWithLimits whose upstream
 // set buffers up to buffered bytes of request bodies for a retry.
-func newTestAgentWithLimitsAndBodies(t *testing.T, upstream *httptest.Server, limits Limits, buffered int) *Agent {
+func newTestAgentWithLimitsAndBodies(t *testing.T, upstream *httptest.Server, limits Limits, buffered int) *Server {
 	t.Helper()
 	a := newTestAgentWithUpstreams(t, newTestUpstream(upstream, buffered))
-	a.cfg.Limits = limits
+	a.limits = limits
 	// As upstream.New sets it; before the transport's first use.
-	a.up.Transport().HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: limits.withDefaults().HTTP2MaxUpstreamStreamBuffer}
+	a.up.Transport().HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: limits.WithDefaults().HTTP2MaxUpstreamStreamBuffer}
 	a.handler = a.buildHandler()
 	return a
 }
@@ -1198,7 +1199,7 @@ func TestLongRunningLimit(t *testing.T) {
 // limits, when eight sources open watches until refused, then each of a
 // hundred other pods still opens its five.
 func TestLongRunningFairShare(t *testing.T) {
-	a := &Agent{cfg: &Config{Limits: DefaultLimits()}, metrics: newMetrics()}
+	a := &Server{limits: DefaultLimits(), metrics: newMetrics(prometheus.NewRegistry())}
 	release := make(chan struct{})
 	h := apihttp.WithRequestInfo(a.limitLongRunning(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		close(r.Context().Value(admittedTestKey{}).(chan struct{}))

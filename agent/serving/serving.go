@@ -1,4 +1,4 @@
-package agent
+package serving
 
 import (
 	"context"
@@ -9,30 +9,6 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/kube-apicache/kube-apicache/agent/identity"
-
-	"github.com/kube-apicache/kube-apicache/agent/interception"
-)
-
-// certSource supplies the serving certificate and says whether it may be
-// used to stand in for kube-apiserver.
-type certSource interface {
-	// GetCertificate is a tls.Config GetCertificate: a rotated certificate
-	// is served to new handshakes while established connections keep theirs.
-	GetCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error)
-	// Ready returns nil while the certificate is valid now and trusted by
-	// the pods' CA bundle for every name and IP they dial; else the reason.
-	Ready() error
-	// Run keeps the certificate current until ctx ends.
-	Run(ctx context.Context)
-}
-
-// The sources live in package identity: a certificate obtained through the
-// CSR API, or one from files.
-var (
-	_ certSource = (*identity.CSRSource)(nil)
-	_ certSource = (*identity.FileSource)(nil)
 )
 
 // newServer returns the HTTPS server for handler, with kube-apiserver's
@@ -54,15 +30,15 @@ var (
 // the Content-Length dropped, and every body is re-framed by the forwarder,
 // so an ambiguous length never reaches kube-apiserver; conflicting
 // Content-Lengths get 400 and other transfer codings 501.
-func newServer(handler http.Handler, cert certSource, limits Limits) *http.Server {
-	limits = limits.withDefaults()
+func newServer(handler http.Handler, getCertificate func(*tls.ClientHelloInfo) (*tls.Certificate, error), limits Limits) *http.Server {
+	limits = limits.WithDefaults()
 	return &http.Server{
 		Handler:     withRequestSeen(handler),
 		ConnContext: withConn,
 		TLSConfig: &tls.Config{
 			MinVersion:     tls.VersionTLS12,
 			NextProtos:     []string{"h2", "http/1.1"},
-			GetCertificate: cert.GetCertificate,
+			GetCertificate: getCertificate,
 			// Asked for, not verified: a caller that presents one is handed
 			// to kube-apiserver, which authenticates it (clientcert.go).
 			ClientAuth: tls.RequestClientCert,
@@ -74,10 +50,10 @@ func newServer(handler http.Handler, cert certSource, limits Limits) *http.Serve
 	}
 }
 
-// listen binds addr. IP_FREEBIND lets the socket bind before the agent has
+// Listen binds addr. IP_FREEBIND lets the socket bind before the agent has
 // added the address to the node, so a busy port is found out before anything
 // on the node changes.
-func listen(ctx context.Context, addr string) (net.Listener, error) {
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
 	lc := net.ListenConfig{
 		Control: func(_, _ string, c syscall.RawConn) error {
 			var serr error
@@ -94,16 +70,4 @@ func listen(ctx context.Context, addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("listening on %s: %w", addr, err)
 	}
 	return l, nil
-}
-
-// probingCert wraps a certSource so that the listener records self-check
-// handshakes.
-type probingCert struct {
-	certSource
-	probes *interception.Probes
-}
-
-func (c probingCert) GetCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-	c.probes.Observe(hello.ServerName)
-	return c.certSource.GetCertificate(hello)
 }

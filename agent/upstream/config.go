@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"net/url"
+	"syscall"
 	"time"
 )
 
@@ -14,9 +15,9 @@ type Config struct {
 	// CAFile is the CA bundle every endpoint's certificate must chain to;
 	// ServerName the name it must carry (empty: DefaultServerName).
 	CAFile, ServerName string
-	// SocketMark is set on every upstream socket, so that the redirect
-	// lets it through; 0: none.
-	SocketMark uint32
+	// DialControl is the dialer's Control for every upstream socket: it
+	// sets the socket mark that lets it past the redirect (nil: none).
+	DialControl func(network, address string, c syscall.RawConn) error
 	// HealthPeriod is how often health is looked at (health.go).
 	HealthPeriod time.Duration
 	// MaxStreamBuffer is the HTTP/2 flow-control window per upstream

@@ -24,8 +24,6 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent/identity"
 
 	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
-
-	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
 // Set holds the kube-apiserver endpoints, their health, and the one
@@ -117,7 +115,7 @@ func New(cfg Config) (*Set, error) {
 	dialer := &net.Dialer{
 		Timeout:   10 * time.Second,
 		KeepAlive: 30 * time.Second,
-		Control:   netrules.MarkSocket(cfg.SocketMark),
+		Control:   cfg.DialControl,
 	}
 	t := &http.Transport{
 		// Never honour HTTP(S)_PROXY from the environment: endpoints are

@@ -11,9 +11,9 @@ import (
 	"k8s.io/klog/v2"
 	"k8s.io/klog/v2/ktesting"
 
-	"github.com/kube-apicache/kube-apicache/agent"
 	configv1alpha1 "github.com/kube-apicache/kube-apicache/agent/apis/config/v1alpha1"
 	"github.com/kube-apicache/kube-apicache/agent/audit"
+	"github.com/kube-apicache/kube-apicache/agent/serving"
 )
 
 // writeTestConfig writes an AgentConfiguration with body and returns its
@@ -138,7 +138,7 @@ func TestClusterDomainFromResolvConf(t *testing.T) {
 func TestFlagsWithoutField(t *testing.T) {
 	commandLineOnly := map[string]bool{"node-name": true, "config": true, "version": true}
 	extra := pflag.NewFlagSet("extra", pflag.ContinueOnError)
-	limits := agent.DefaultLimits()
+	limits := serving.DefaultLimits()
 	limits.AddFlags(extra)
 	audit.NewOptions().AddFlags(extra)
 	extra.VisitAll(func(f *pflag.Flag) { commandLineOnly[f.Name] = true })

@@ -26,6 +26,7 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent/audit"
 	"github.com/kube-apicache/kube-apicache/agent/identity"
 	"github.com/kube-apicache/kube-apicache/agent/interception"
+	"github.com/kube-apicache/kube-apicache/agent/serving"
 	"github.com/kube-apicache/kube-apicache/agent/version"
 	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/netrules"
@@ -170,7 +171,7 @@ overrides.`,
 	fs.DurationVar(&c.DegradedDecisionTTL, "degraded-decision-ttl", agent.DefaultDegradedDecisionTTL, "Degraded mode: when no kube-apiserver endpoint has answered for a few seconds and kube-proxy's own path to the Service VIP fails too, the agent keeps the redirect and answers cached reads to callers kube-apiserver allowed the same request (same token, same attributes) within this long, with a JWT not past its expiry; everything else fails fast (503 with Retry-After, consistent reads 504). A revoked RoleBinding is honoured at most this long after revocation. 0 disables degraded mode: the agent then hands the VIP back to kube-proxy whenever no upstream is healthy.")
 	fs.BoolVar(&c.CacheAsNode, "cache-as-node", true, "List and watch this node's pods and Node as the node itself (Impersonate-User: system:node:<node>, Kubernetes 1.36+ constrained impersonation, feature gate ConstrainedImpersonation), so the Node authorizer limits what the agent's token reads; needs the kube-apicache:node-impersonation RBAC and a pod-bound token. false: watch them as the agent, whose RBAC must then allow cluster-wide list and watch of pods and nodes (clusters without the gate).")
 
-	c.Limits = agent.DefaultLimits()
+	c.Limits = serving.DefaultLimits()
 	c.Limits.AddFlags(nfs.FlagSet("request limits"))
 	c.Audit = audit.NewOptions()
 	c.Audit.AddFlags(nfs.FlagSet("audit"))
