@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/endpoints/request"
 )
@@ -211,43 +209,6 @@ func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 }
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
-
-// handler serves /metrics, /healthz and /livez (healthy), /readyz (ready)
-// and /intercepting (intercepting), each 200 "ok" or 503 with the reason,
-// the ready and intercepting answers followed by note (degraded mode, a
-// blocked source),
-// and with profiling the pprof endpoints. It checks no credentials: the
-// metrics listener serves it behind metricsAuth.secure.
-func (m *metrics) handler(healthy, ready, intercepting func() error, note func() string, dataplane string, profiling bool) *http.ServeMux {
-	mux := http.NewServeMux()
-	if profiling {
-		// pprof.Index also serves the named profiles (heap, goroutine,
-		// allocs, ...) below /debug/pprof/.
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	mux.Handle("/metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
-	for path, check := range map[string]func() error{"/healthz": healthy, "/livez": healthy, "/readyz": ready, "/intercepting": intercepting} {
-		mux.HandleFunc(path, func(w http.ResponseWriter, _ *http.Request) {
-			if err := check(); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			msg := "ok"
-			if n := note(); n != "" && (path == "/intercepting" || path == "/readyz") {
-				msg += "; " + n
-			}
-			if dataplane != "" && path != "/healthz" && path != "/livez" {
-				msg += "; dataplane " + dataplane
-			}
-			_, _ = w.Write([]byte(msg))
-		})
-	}
-	return mux
-}
 
 // maxResourceLabels bounds the distinct resource label values; a cluster's
 // resources, built-in and custom, fit well within it.
