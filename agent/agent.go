@@ -23,6 +23,7 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent/degraded"
 	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
 	"github.com/kube-apicache/kube-apicache/agent/serving"
+	"github.com/kube-apicache/kube-apicache/agent/status"
 	"github.com/kube-apicache/kube-apicache/agent/upstream"
 )
 
@@ -39,8 +40,8 @@ type Agent struct {
 	metrics *metrics
 	icpt    *interception.Interceptor
 	serving *serving.Server
-	// metricsServer serves MetricsBindAddress; nil when it is empty.
-	metricsServer *metricsServer
+	// status serves MetricsBindAddress; nil when it is empty.
+	status *status.Server
 	// cache answers covered reads; nil when no resource is cached.
 	cache *apicache.Cache
 	// audit records the requests the cache answers; off unless configured.
@@ -87,7 +88,7 @@ func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 		startDrain: startDrain,
 		now:        time.Now,
 	}
-	a.metrics.registry.MustRegister(buildInfo())
+	a.metrics.registry.MustRegister(status.BuildInfo())
 	var err error
 	if a.audit, err = audit.New(cfg.Audit, apihttp.LongRunning); err != nil {
 		return nil, err
@@ -128,7 +129,7 @@ func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 		return nil, err
 	}
 	if cfg.MetricsBindAddress != "" {
-		if a.metricsServer, err = a.newMetricsServer(); err != nil {
+		if a.status, err = a.newStatusServer(); err != nil {
 			a.icpt.RemoveStale()
 			return nil, err
 		}
@@ -160,6 +161,36 @@ func (a *Agent) interceptorDeps() interception.Deps {
 		RuleSyncs:       a.metrics.ruleSyncs,
 		Registry:        a.metrics.registry,
 	}
+}
+
+// newStatusServer builds the metrics and status listener, which reports
+// on the agent through the interceptor's checks and the upstream set.
+func (a *Agent) newStatusServer() (*status.Server, error) {
+	dataplane, reason := a.icpt.Dataplane()
+	return status.New(status.Config{
+		NodeName:    a.cfg.NodeName,
+		TLSCertFile: a.cfg.MetricsTLSCertFile,
+		TLSKeyFile:  a.cfg.MetricsTLSKeyFile,
+		Profiling:   a.cfg.Profiling,
+		RESTConfig:  a.restConfig,
+	}, status.Checks{
+		Healthy:         a.Healthy,
+		Ready:           a.Ready,
+		Intercepting:    a.Intercepting,
+		Note:            a.interceptionNote,
+		Dataplane:       dataplane,
+		DataplaneReason: reason,
+		Upstreams:       a.upstreamStatus,
+	}, a.metrics.registry)
+}
+
+// upstreamStatus is the upstream endpoints as the Status shows them.
+func (a *Agent) upstreamStatus() []status.UpstreamStatus {
+	var ups []status.UpstreamStatus
+	for _, ep := range a.up.Status() {
+		ups = append(ups, status.UpstreamStatus{Endpoint: ep.Host, Healthy: ep.Healthy, Active: ep.Active})
+	}
+	return ups
 }
 
 // Intercepting returns nil while the agent intercepts the Service VIP,
@@ -293,7 +324,7 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 
 	serveErr := make(chan error, len(ls)+1)
 	if ml != nil {
-		msrv, err := a.metricsServer.run(certCtx, ml, a.cfg.NodeName, serveErr)
+		msrv, err := a.status.Start(certCtx, ml, serveErr)
 		if err != nil {
 			return err
 		}

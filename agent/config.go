@@ -92,7 +92,7 @@ type Config struct {
 	// /readyz and /intercepting over HTTPS; empty disables it. Every path
 	// but the health ones needs a bearer token that kube-apiserver
 	// authenticates (TokenReview) and authorizes (SubjectAccessReview, a
-	// nonResourceURL get) (metrics_auth.go).
+	// nonResourceURL get) (package status).
 	MetricsBindAddress string
 	// MetricsTLSCertFile and MetricsTLSKeyFile hold the metrics listener's
 	// certificate chain and key, reloaded as they change. Both empty: a

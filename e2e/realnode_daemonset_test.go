@@ -28,7 +28,7 @@ import (
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"k8s.io/utils/ptr"
 
-	"github.com/kube-apicache/kube-apicache/agent"
+	"github.com/kube-apicache/kube-apicache/agent/status"
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
 
@@ -1243,8 +1243,8 @@ func (s *dsScenario) checkStatusCommand(t *testing.T, ctx context.Context) {
 		t.Fatalf("kube-apicache status -o json: %v", err)
 	}
 	var rows []struct {
-		Node   string        `json:"node"`
-		Status *agent.Status `json:"status"`
+		Node   string         `json:"node"`
+		Status *status.Status `json:"status"`
 	}
 	if err := json.Unmarshal(out, &rows); err != nil {
 		t.Fatalf("kube-apicache status -o json: %v\n%s", err, out)

@@ -27,6 +27,7 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent/identity"
 	"github.com/kube-apicache/kube-apicache/agent/interception"
 	"github.com/kube-apicache/kube-apicache/agent/serving"
+	"github.com/kube-apicache/kube-apicache/agent/status"
 	"github.com/kube-apicache/kube-apicache/agent/version"
 	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/netrules"
@@ -177,7 +178,7 @@ overrides.`,
 	c.Audit.AddFlags(nfs.FlagSet("audit"))
 
 	fs = nfs.FlagSet("metrics and health")
-	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", agent.DefaultMetricsBindAddress, "host:port serving /metrics, /healthz, /livez, /readyz, /intercepting and "+agent.StatuszPath+" over HTTPS. /metrics needs a bearer token that kube-apiserver authenticates and RBAC allows (get on the nonResourceURL, as in the kube-apicache:metrics-reader ClusterRole); the others answer anyone. Empty disables.")
+	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", agent.DefaultMetricsBindAddress, "host:port serving /metrics, /healthz, /livez, /readyz, /intercepting and "+status.StatuszPath+" over HTTPS. /metrics needs a bearer token that kube-apiserver authenticates and RBAC allows (get on the nonResourceURL, as in the kube-apicache:metrics-reader ClusterRole); the others answer anyone. Empty disables.")
 	fs.StringVar(&c.MetricsTLSCertFile, "metrics-tls-cert-file", "", "Certificate chain (PEM) the metrics listener serves, reloaded as it changes; with --metrics-tls-private-key-file. Empty: a self-signed certificate made at start-up.")
 	fs.StringVar(&c.MetricsTLSKeyFile, "metrics-tls-private-key-file", "", "Private key (PEM) of --metrics-tls-cert-file.")
 	fs.BoolVar(&c.Profiling, "profiling", false, "Serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-bind-address, to tokens RBAC allows; refused unless that address is on loopback.")

@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/kube-apicache/kube-apicache/agent"
+	"github.com/kube-apicache/kube-apicache/agent/status"
 )
 
 type statusOptions struct {
@@ -40,7 +40,7 @@ func newStatusCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "Print each node's agent: interception, readiness, cache hit ratio, upstream health",
-		Long: `status lists the agent pods and asks each for its state (` + agent.StatuszPath + ` on its
+		Long: `status lists the agent pods and asks each for its state (` + status.StatuszPath + ` on its
 metrics port) through kube-apiserver's pods proxy, so it needs only a
 kubeconfig allowed to get pods/proxy in the agents' namespace. It prints a
 line per node: whether the agent intercepts (and why not), whether it is
@@ -88,10 +88,10 @@ health and when its serving certificate expires.`,
 
 // statusRow is one agent pod: its Status, or why it could not be read.
 type statusRow struct {
-	Pod    string        `json:"pod"`
-	Node   string        `json:"node"`
-	Status *agent.Status `json:"status,omitempty"`
-	Error  string        `json:"error,omitempty"`
+	Pod    string         `json:"pod"`
+	Node   string         `json:"node"`
+	Status *status.Status `json:"status,omitempty"`
+	Error  string         `json:"error,omitempty"`
 }
 
 func (o *statusOptions) collect(ctx context.Context, client kubernetes.Interface) ([]statusRow, error) {
@@ -122,12 +122,12 @@ func (o *statusOptions) collect(ctx context.Context, client kubernetes.Interface
 			defer func() { <-sem }()
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			body, err := client.CoreV1().Pods(o.namespace).ProxyGet("https", p.Name, port, agent.StatuszPath, nil).DoRaw(rctx)
+			body, err := client.CoreV1().Pods(o.namespace).ProxyGet("https", p.Name, port, status.StatuszPath, nil).DoRaw(rctx)
 			if err != nil {
 				rows[i].Error = oneLine(err)
 				return
 			}
-			var s agent.Status
+			var s status.Status
 			if err := json.Unmarshal(body, &s); err != nil {
 				rows[i].Error = "unreadable status: " + oneLine(err)
 				return
@@ -222,7 +222,7 @@ func hitRatio(cache map[string]float64) string {
 }
 
 // upstreamSummary is "healthy/all" endpoints.
-func upstreamSummary(ups []agent.UpstreamStatus) string {
+func upstreamSummary(ups []status.UpstreamStatus) string {
 	healthy := 0
 	for _, u := range ups {
 		if u.Healthy {

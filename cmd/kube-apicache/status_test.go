@@ -9,7 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/kube-apicache/kube-apicache/agent"
+	"github.com/kube-apicache/kube-apicache/agent/status"
 )
 
 // kube-apiserver's pods proxy takes port numbers only: names are resolved
@@ -33,10 +33,10 @@ func TestPodPort(t *testing.T) {
 func TestStatusTable(t *testing.T) {
 	until := time.Now().Add(5 * time.Hour)
 	rows := []statusRow{
-		{Pod: "a", Node: "n1", Status: &agent.Status{Intercepting: true, Ready: true,
-			Upstreams:           []agent.UpstreamStatus{{Endpoint: "10.0.0.1:6443", Healthy: true}, {Endpoint: "10.0.0.2:6443"}},
+		{Pod: "a", Node: "n1", Status: &status.Status{Intercepting: true, Ready: true,
+			Upstreams:           []status.UpstreamStatus{{Endpoint: "10.0.0.1:6443", Healthy: true}, {Endpoint: "10.0.0.2:6443"}},
 			CertificateNotAfter: &until, Cache: map[string]float64{"hit": 3, "forwarded": 1}}},
-		{Pod: "b", Node: "n2", Status: &agent.Status{Ready: true, InterceptingReason: "interception turned off (test)", Cache: map[string]float64{}}},
+		{Pod: "b", Node: "n2", Status: &status.Status{Ready: true, InterceptingReason: "interception turned off (test)", Cache: map[string]float64{}}},
 		{Pod: "c", Node: "n3", Error: "connection refused"},
 	}
 	var b bytes.Buffer

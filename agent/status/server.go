@@ -1,4 +1,4 @@
-package agent
+package status
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/klog/v2"
 
@@ -30,32 +32,67 @@ import (
 // --profiling, /debug/pprof/ over HTTPS. With hostNetwork its port is
 // reachable from the node's pods and, bound to the node's IP, from the
 // cluster network, so every request is authenticated and authorized
-// through kube-apiserver (metrics_auth.go) except the health paths, which
+// through kube-apiserver (auth.go) except the health paths, which
 // the kubelet probes anonymously.
 
-// metricsServer is the metrics listener's HTTP server and what it needs at
+// Config is what the metrics listener is built from.
+type Config struct {
+	// NodeName goes into the Status and into a self-signed certificate.
+	NodeName string
+	// TLSCertFile and TLSKeyFile are the serving certificate, reloaded as
+	// they change; empty means a self-signed certificate made at start.
+	TLSCertFile, TLSKeyFile string
+	// Profiling serves /debug/pprof/ to callers allowed to read it.
+	Profiling bool
+	// RESTConfig is the configuration of the agent's own client, which
+	// sends the TokenReviews and SubjectAccessReviews. New calls it once.
+	RESTConfig func() *rest.Config
+}
+
+// Checks are what the listener's paths and the Status report of the rest
+// of the agent. Each func must be safe to call from any goroutine at any
+// time, and quick: probes and scrapes call them.
+type Checks struct {
+	// Healthy answers /healthz and /livez, Ready /readyz and Intercepting
+	// /intercepting: nil for "ok", else the reason for a 503.
+	Healthy, Ready, Intercepting func() error
+	// Note is what an operator should know even while all is well
+	// (degraded mode, a blocked source), added to the ready and
+	// intercepting answers; "" for nothing.
+	Note func() string
+	// Dataplane names the backend the redirect runs in, DataplaneReason
+	// why it was chosen.
+	Dataplane, DataplaneReason string
+	// Upstreams are the kube-apiserver endpoints and their health.
+	Upstreams func() []UpstreamStatus
+}
+
+// Server is the metrics listener's HTTP server and what it needs at
 // run time.
-type metricsServer struct {
-	handler http.Handler
-	// files is the certificate from MetricsTLSCertFile and
-	// MetricsTLSKeyFile, reloaded as they change; nil means a self-signed
-	// certificate made at start-up.
+type Server struct {
+	cfg      Config
+	checks   Checks
+	gatherer prometheus.Gatherer
+	handler  http.Handler
+	// files is the certificate from TLSCertFile and TLSKeyFile, reloaded
+	// as they change; nil means a self-signed certificate made at start.
 	files *dynamiccertificates.DynamicCertKeyPairContent
 }
 
-// newMetricsServer builds the metrics listener's handler chain and loads
-// its certificate files, if any.
-func (a *Agent) newMetricsServer() (*metricsServer, error) {
-	auth, err := newMetricsAuth(a.restConfig(), newMetricsAuthMetrics(a.metrics.registry))
+// New builds the metrics listener's handler chain and loads its
+// certificate files, if any. It serves the metrics in reg, and registers
+// its own there.
+func New(cfg Config, checks Checks, reg *prometheus.Registry) (*Server, error) {
+	auth, err := newMetricsAuth(cfg.RESTConfig(), newMetricsAuthMetrics(reg))
 	if err != nil {
 		return nil, err
 	}
-	s := &metricsServer{}
-	mux := a.metrics.handler(a.Healthy, a.Ready, a.Intercepting, a.interceptionNote, a.dataplaneNote(), a.cfg.Profiling)
-	mux.Handle(StatuszPath, a.statuszHandler())
-	s.handler = auth.secure(mux, a.cfg.Profiling)
-	if a.cfg.MetricsTLSCertFile != "" {
-		if s.files, err = dynamiccertificates.NewDynamicServingContentFromFiles("metrics-serving-cert", a.cfg.MetricsTLSCertFile, a.cfg.MetricsTLSKeyFile); err != nil {
+	s := &Server{cfg: cfg, checks: checks, gatherer: reg}
+	mux := handler(reg, checks.Healthy, checks.Ready, checks.Intercepting, checks.Note, checks.dataplaneNote(), cfg.Profiling)
+	mux.Handle(StatuszPath, s.statuszHandler())
+	s.handler = auth.secure(mux, cfg.Profiling)
+	if cfg.TLSCertFile != "" {
+		if s.files, err = dynamiccertificates.NewDynamicServingContentFromFiles("metrics-serving-cert", cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
 			return nil, fmt.Errorf("loading the metrics serving certificate: %w", err)
 		}
 	}
@@ -143,15 +180,17 @@ func servedMetricsPath(p string, profiling bool) bool {
 	return ok && profiling && pprofProfiles[name]
 }
 
-// run serves on l until ctx ends or serving fails, which it reports on
-// errs. nodeName goes into a self-signed certificate.
-func (s *metricsServer) run(ctx context.Context, l net.Listener, nodeName string, errs chan<- error) (*http.Server, error) {
+// Start serves on l until the returned server is closed or serving
+// fails, which it reports on errs. ctx bounds the reloading of the
+// certificate files; the caller closes the server (at the end of its
+// shutdown, so that probes are answered until then).
+func (s *Server) Start(ctx context.Context, l net.Listener, errs chan<- error) (*http.Server, error) {
 	var cert certKeyContent
 	if s.files != nil {
 		go s.files.Run(ctx, 1)
 		cert = s.files
 	} else {
-		certPEM, keyPEM, err := selfSignedMetricsCert(l.Addr(), nodeName)
+		certPEM, keyPEM, err := selfSignedMetricsCert(l.Addr(), s.cfg.NodeName)
 		if err != nil {
 			return nil, err
 		}
@@ -230,7 +269,7 @@ func (p *parsedCertificate) get() (*tls.Certificate, error) {
 // selfSignedMetricsCert makes a certificate for the metrics listener at
 // addr, naming the node and the bound IP (unless it is a wildcard). Scrapers
 // that do not verify it (Prometheus with insecureSkipVerify, the kubelet's
-// probes) still get an encrypted channel; MetricsTLSCertFile gives one
+// probes) still get an encrypted channel; TLSCertFile gives one
 // they can verify.
 func selfSignedMetricsCert(addr net.Addr, nodeName string) ([]byte, []byte, error) {
 	var ips []net.IP

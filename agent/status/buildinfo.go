@@ -1,4 +1,4 @@
-package agent
+package status
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -6,10 +6,10 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent/version"
 )
 
-// buildInfo is kube_apicache_build_info: always 1, labelled with the build's
+// BuildInfo is kube_apicache_build_info: always 1, labelled with the build's
 // provenance, so a fleet's versions can be counted and joined to other
 // metrics (as kubernetes_build_info does for Kubernetes components).
-func buildInfo() prometheus.Collector {
+func BuildInfo() prometheus.Collector {
 	v := version.Get()
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_apicache_build_info",

@@ -1,4 +1,4 @@
-package agent
+package status
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/time/rate"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -92,13 +93,14 @@ func newSecureMetricsTest(t *testing.T, limiter *rate.Limiter, healthy, ready, i
 	}
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
-	m := newMetrics()
-	am := newMetricsAuthMetrics(m.registry)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(BuildInfo())
+	am := newMetricsAuthMetrics(reg)
 	auth, err := newMetricsAuthWith(&rest.Config{Host: srv.URL}, am, limiter)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return auth.secure(m.handler(healthy, ready, intercepting, func() string { return "" }, "iptables (test)", profiling), profiling), f, am
+	return auth.secure(handler(reg, healthy, ready, intercepting, func() string { return "" }, "iptables (test)", profiling), profiling), f, am
 }
 
 // metricsGet sends one request through h and returns the code and body.
@@ -141,7 +143,7 @@ func TestMetricsAccess(t *testing.T) {
 		name: "anonymous metrics", path: "/metrics", want: http.StatusForbidden, body: `"reason":"Forbidden"`,
 	}, {
 		// Prometheus with a token RBAC allows.
-		name: "allowed scraper", path: "/metrics", token: "scraper-token", want: http.StatusOK, body: "# TYPE kube_apicache_intercepting gauge",
+		name: "allowed scraper", path: "/metrics", token: "scraper-token", want: http.StatusOK, body: "# TYPE kube_apicache_build_info gauge",
 	}, {
 		name: "authenticated but not allowed", path: "/metrics", token: "tenant-token", want: http.StatusForbidden,
 		body: `cannot get path \"/metrics\"`,
@@ -283,11 +285,11 @@ func TestMetricsServerTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &metricsServer{handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.Proto) })}
+	s := &Server{cfg: Config{NodeName: "node-a"}, handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.Proto) })}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 1)
-	srv, err := s.run(ctx, l, "node-a", errs)
+	srv, err := s.Start(ctx, l, errs)
 	if err != nil {
 		t.Fatal(err)
 	}

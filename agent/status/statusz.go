@@ -1,4 +1,4 @@
-package agent
+package status
 
 import (
 	"encoding/json"
@@ -46,27 +46,25 @@ type UpstreamStatus struct {
 }
 
 // Status returns the agent's Status now.
-func (a *Agent) Status() Status {
+func (srv *Server) Status() Status {
 	s := Status{
-		Node:      a.cfg.NodeName,
+		Node:      srv.cfg.NodeName,
 		Version:   version.Get().GitVersion,
-		Dataplane: a.dataplaneName(),
+		Dataplane: srv.checks.Dataplane,
 		Cache:     map[string]float64{},
 	}
-	if err := a.Intercepting(); err != nil {
+	if err := srv.checks.Intercepting(); err != nil {
 		s.InterceptingReason = err.Error()
 	} else {
 		s.Intercepting = true
 	}
-	if err := a.Ready(); err != nil {
+	if err := srv.checks.Ready(); err != nil {
 		s.ReadyReason = err.Error()
 	} else {
 		s.Ready = true
 	}
-	for _, ep := range a.up.Status() {
-		s.Upstreams = append(s.Upstreams, UpstreamStatus{Endpoint: ep.Host, Healthy: ep.Healthy, Active: ep.Active})
-	}
-	families, _ := a.metrics.registry.Gather()
+	s.Upstreams = srv.checks.Upstreams()
+	families, _ := srv.gatherer.Gather()
 	for _, f := range families {
 		switch f.GetName() {
 		case "kube_apicache_cache_requests_total":
@@ -100,14 +98,14 @@ const statuszMaxAge = time.Second
 
 // statuszHandler serves Status as JSON, computed at most once per
 // statuszMaxAge whatever the request rate.
-func (a *Agent) statuszHandler() http.Handler {
+func (srv *Server) statuszHandler() http.Handler {
 	var mu sync.Mutex
 	var body []byte
 	var at time.Time
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		mu.Lock()
 		if body == nil || time.Since(at) >= statuszMaxAge {
-			body, _ = json.Marshal(a.Status())
+			body, _ = json.Marshal(srv.Status())
 			at = time.Now()
 		}
 		b := body
@@ -118,14 +116,10 @@ func (a *Agent) statuszHandler() http.Handler {
 	})
 }
 
-// dataplaneName names the backend the redirect runs in.
-func (a *Agent) dataplaneName() string {
-	name, _ := a.icpt.Dataplane()
-	return name
-}
-
 // dataplaneNote is the backend and why it was chosen, for /readyz.
-func (a *Agent) dataplaneNote() string {
-	name, reason := a.icpt.Dataplane()
-	return name + " (" + reason + ")"
+func (c Checks) dataplaneNote() string {
+	if c.Dataplane == "" {
+		return ""
+	}
+	return c.Dataplane + " (" + c.DataplaneReason + ")"
 }

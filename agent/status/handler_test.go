@@ -1,4 +1,4 @@
-package agent
+package status
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // TestProfilingHandlers checks that the metrics listener serves
@@ -17,7 +19,7 @@ func TestProfilingHandlers(t *testing.T) {
 		t.Run(fmt.Sprintf("profiling=%v", profiling), func(t *testing.T) {
 			ok := func() error { return nil }
 			stepAside := func() error { return errors.New("unhealthy: no upstream") }
-			srv := httptest.NewServer(newMetrics().handler(ok, ok, stepAside, func() string { return "" }, "nftables (auto: test)", profiling))
+			srv := httptest.NewServer(handler(prometheus.NewRegistry(), ok, ok, stepAside, func() string { return "" }, "nftables (auto: test)", profiling))
 			defer srv.Close()
 			wantPprof := http.StatusNotFound
 			if profiling {

@@ -1,0 +1,15 @@
+// Package status is the agent's metrics and status listener: the HTTPS
+// server on --metrics-bind-address that serves /metrics, the health paths
+// (/healthz, /livez, /readyz, /intercepting), /statusz and, with
+// --profiling, /debug/pprof/. It owns that server's certificate (files
+// reloaded as they change, else self-signed), who may read what on it
+// (TokenReview and SubjectAccessReview through kube-apiserver, cached and
+// budgeted; the health paths and /statusz open to anyone), the Status the
+// status command reads, and kube_apicache_build_info.
+//
+// It must not decide the agent's health, readiness or interception, nor
+// reach the interceptor, the upstream set or the serving chain: what it
+// reports of them comes through Checks, one func or fixed string each, and
+// the metrics it serves from the registry it is given. A caller's token
+// goes nowhere but into a TokenReview, and is never logged.
+package status
