@@ -1,6 +1,13 @@
 // Package agent is the node-local API proxy: it serves TLS on a local
-// address, redirects the kubernetes Service VIP to it, and relays requests to
-// kube-apiserver with the caller's own credentials.
+// address, redirects the kubernetes Service VIP to it, answers covered
+// reads from its cache and relays everything else to kube-apiserver with
+// the caller's own credentials.
+//
+// The package itself only composes the parts that do this (interception,
+// upstream, degraded, serving, status, and the cache) and runs them: what
+// is built from what (New), the start order (Run), readiness and the
+// shutdown order. It must not grow a job of its own: a new mode is a new
+// part, wired here.
 package agent
 
 import (
@@ -29,7 +36,7 @@ import (
 
 // Agent composes the agent's parts and runs them in order: the
 // interceptor (the redirect and its policy, package interception), the
-// upstream endpoints and their health (upstream.go, health.go), the
+// upstream endpoints and their health (package upstream), the
 // serving handler chain, the cache and the metrics server. It owns their
 // start order, readiness and shutdown, and nothing else.
 type Agent struct {
@@ -214,7 +221,7 @@ func (a *Agent) standInHealth() error {
 		return fmt.Errorf("serving certificate not ready: %w", err)
 	}
 	if err := a.up.Healthy(); err != nil {
-		// Unless this is an outage the pods suffer anyway (degraded.go).
+		// Unless this is an outage the pods suffer anyway (package degraded).
 		if err := a.degraded.Covers(a.now(), err); err != nil {
 			return err
 		}

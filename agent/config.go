@@ -85,7 +85,7 @@ type Config struct {
 	IPTablesBackend string
 	// UpstreamHealthPeriod is how often upstream health is looked at: the
 	// ping interval of a silent upstream connection and the probe interval
-	// of a failing endpoint (health.go).
+	// of a failing endpoint (package upstream, health.go).
 	UpstreamHealthPeriod time.Duration
 
 	// MetricsBindAddress (host:port) serves /metrics, /healthz, /livez,
@@ -107,7 +107,7 @@ type Config struct {
 	// may run after the redirect is removed on shutdown.
 	ShutdownGracePeriod time.Duration
 
-	// Limits bound what clients can make the agent hold (limits.go).
+	// Limits bound what clients can make the agent hold (package serving).
 	Limits serving.Limits
 
 	// CacheResources are the resources whose covered reads are answered

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -38,5 +40,59 @@ func TestHelpSections(t *testing.T) {
 	}
 	if !strings.Contains(docs[docsConfig], "`cluster.serviceVIPs`") || !strings.Contains(docs[docsConfig], "agent, approver") {
 		t.Errorf("configuration reference lacks cluster.serviceVIPs read by both commands:\n%s", docs[docsConfig])
+	}
+}
+
+// TestREADMELayoutCurrent: the README's Layout table has one row for each
+// package of the module (`go list ./...`), and every path it names exists.
+func TestREADMELayoutCurrent(t *testing.T) {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to list the packages with")
+	}
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, layout, ok := strings.Cut(string(readme), "\n## Layout\n")
+	if !ok {
+		t.Fatal("README.md has no Layout section")
+	}
+	if end := strings.Index(layout, "\n## "); end >= 0 {
+		layout = layout[:end]
+	}
+	rows := map[string]bool{}
+	for line := range strings.Lines(layout) {
+		cells := strings.Split(line, "|")
+		if len(cells) < 3 || !strings.HasPrefix(strings.TrimSpace(cells[1]), "`") {
+			continue
+		}
+		for _, f := range strings.Split(cells[1], ",") {
+			path := strings.Trim(strings.TrimSpace(f), "`")
+			rows[path] = true
+			if _, err := os.Stat(filepath.Join("../..", path)); err != nil {
+				t.Errorf("the Layout table names %s, which does not exist", path)
+			}
+		}
+	}
+	cmd := exec.Command(goBin, "list", "-f", "{{.ImportPath}} {{.Dir}}", "./...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(out)) {
+		_, dir, _ := strings.Cut(strings.TrimSpace(line), " ")
+		rel, err := filepath.Rel(root, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rows[filepath.ToSlash(rel)] {
+			t.Errorf("package %s has no row in the README's Layout table", filepath.ToSlash(rel))
+		}
 	}
 }
