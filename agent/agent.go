@@ -81,8 +81,8 @@ type warmup struct {
 
 // New checks cfg and loads what the agent needs from disk. It changes
 // nothing on the node, except that on failure it removes what a dead
-// predecessor left (see removeStale). k holds the kernel interfaces for
-// rules, sets and the listen address.
+// predecessor left (the interceptor's RemoveStale). k holds the kernel
+// interfaces for rules, sets and the listen address.
 func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
