@@ -15,6 +15,8 @@ import (
 	"github.com/spf13/cobra"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -26,6 +28,7 @@ type statusOptions struct {
 	context     string
 	namespace   string
 	selector    string
+	node        string
 	port        string
 	output      string
 	timeout     time.Duration
@@ -45,13 +48,19 @@ metrics port) through kube-apiserver's pods proxy, so it needs only a
 kubeconfig allowed to get pods/proxy in the agents' namespace. It prints a
 line per node: whether the agent intercepts (and why not), whether it is
 ready, its cache hit ratio since it started, its kube-apiserver endpoints'
-health and when its serving certificate expires.`,
+health and when its serving certificate expires. --node keeps to one
+node's agent.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if o.output != "" && o.output != "json" && o.output != "wide" {
 				return fmt.Errorf("--output %q: must be empty, wide or json", o.output)
+			}
+			if o.node != "" {
+				if errs := validation.IsDNS1123Subdomain(o.node); len(errs) > 0 {
+					return fmt.Errorf("--node %q: %s", o.node, strings.Join(errs, "; "))
+				}
 			}
 			rules := clientcmd.NewDefaultClientConfigLoadingRules()
 			rules.ExplicitPath = o.kubeconfig
@@ -79,6 +88,7 @@ health and when its serving certificate expires.`,
 	fs.StringVar(&o.context, "context", "", "kubeconfig context; empty: the current one.")
 	fs.StringVarP(&o.namespace, "namespace", "n", "kube-apicache", "Namespace of the agent pods.")
 	fs.StringVarP(&o.selector, "selector", "l", "app.kubernetes.io/name=kube-apicache", "Label selector of the agent pods.")
+	fs.StringVar(&o.node, "node", "", "Only the agent on this node; empty: every node.")
 	fs.StringVar(&o.port, "port", "metrics", "Name or number of the agent container's metrics port.")
 	fs.StringVarP(&o.output, "output", "o", "", "Output: empty for a table, wide for the table with upstream endpoints, or json.")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "Time for the whole command.")
@@ -95,11 +105,23 @@ type statusRow struct {
 }
 
 func (o *statusOptions) collect(ctx context.Context, client kubernetes.Interface) ([]statusRow, error) {
-	pods, err := client.CoreV1().Pods(o.namespace).List(ctx, metav1.ListOptions{LabelSelector: o.selector})
+	opts := metav1.ListOptions{LabelSelector: o.selector}
+	if o.node != "" {
+		opts.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", o.node).String()
+	}
+	pods, err := client.CoreV1().Pods(o.namespace).List(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("listing the agent pods: %w", err)
 	}
+	if o.node != "" {
+		// kube-apiserver applies the field selector; this keeps the
+		// answer right with a client that does not.
+		pods.Items = slices.DeleteFunc(pods.Items, func(p corev1.Pod) bool { return p.Spec.NodeName != o.node })
+	}
 	if len(pods.Items) == 0 {
+		if o.node != "" {
+			return nil, fmt.Errorf("no pod in namespace %s matches %s on node %s", o.namespace, o.selector, o.node)
+		}
 		return nil, fmt.Errorf("no pod in namespace %s matches %s", o.namespace, o.selector)
 	}
 	rows := make([]statusRow, len(pods.Items))

@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/kube-apicache/kube-apicache/agent/status"
 )
@@ -49,5 +52,39 @@ func TestStatusTable(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// --node keeps to the agent on that node; a node without one is an error
+// that names it, and a name that cannot be a node's is refused before any
+// request.
+func TestStatusNode(t *testing.T) {
+	pod := func(name, node string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-apicache",
+			Labels: map[string]string{"app.kubernetes.io/name": "kube-apicache"}}, Spec: corev1.PodSpec{NodeName: node}}
+	}
+	client := fake.NewClientset(pod("a", "n1"), pod("b", "n2"), pod("c", "n3"))
+	o := &statusOptions{namespace: "kube-apicache", selector: "app.kubernetes.io/name=kube-apicache", node: "n2"}
+	rows, err := o.collect(context.Background(), client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Pod != "b" || rows[0].Node != "n2" {
+		t.Errorf("--node n2 rows = %+v, want pod b only", rows)
+	}
+	o.node = "n4"
+	if _, err := o.collect(context.Background(), client); err == nil || !strings.Contains(err.Error(), "on node n4") {
+		t.Errorf("--node n4 error = %v, want one naming the node", err)
+	}
+	o.node = ""
+	if rows, err := o.collect(context.Background(), client); err != nil || len(rows) != 3 {
+		t.Errorf("without --node: %d rows, %v; want 3", len(rows), err)
+	}
+
+	cmd := newStatusCommand()
+	cmd.SetArgs([]string{"--node", "Not_A_Node"})
+	cmd.SetOut(io.Discard)
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), `--node "Not_A_Node"`) || strings.Contains(err.Error(), "\n") {
+		t.Errorf("--node Not_A_Node error = %v, want one line naming the flag", err)
 	}
 }
