@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -94,5 +95,30 @@ func TestREADMELayoutCurrent(t *testing.T) {
 		if !rows[filepath.ToSlash(rel)] {
 			t.Errorf("package %s has no row in the README's Layout table", filepath.ToSlash(rel))
 		}
+	}
+}
+
+// TestHelpListsSubcommands: the agent's --help names each subcommand
+// with its one-line summary, and not the hidden docs command.
+func TestHelpListsSubcommands(t *testing.T) {
+	cmd := newCommand()
+	var b bytes.Buffer
+	cmd.SetOut(&b)
+	cmd.SetArgs([]string{"--help"})
+	if err := cmd.Execute(); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, name := range []string{"approver", "cleanup", "status", "version"} {
+		sub, _, err := cmd.Find([]string{name})
+		if err != nil || sub == cmd {
+			t.Fatalf("no subcommand %q", name)
+		}
+		if line := fmt.Sprintf("  %-10s %s\n", name, sub.Short); !strings.Contains(out, line) {
+			t.Errorf("--help lacks %q:\n%s", line, out)
+		}
+	}
+	if strings.Contains(out, "  docs ") || !strings.Contains(out, "Node and cluster flags:") {
+		t.Errorf("--help lists the hidden docs command, or lost its flag sections:\n%s", out)
 	}
 }

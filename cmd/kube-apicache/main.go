@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"net/url"
@@ -197,12 +198,45 @@ overrides.`,
 		}
 		cmd.Flags().AddFlagSet(nfs.FlagSets[name])
 	}
-	cliflag.SetUsageAndHelpFunc(cmd, nfs, helpColumns)
 	cmd.AddCommand(newApproverCommand(), newCleanupCommand(), newVersionCommand(), newStatusCommand(), newDocsCommand(cmd))
+	rootHelp(cmd, nfs)
 	for _, sub := range cmd.Commands() {
 		subcommandHelp(sub, nfs.FlagSet("logging"))
 	}
 	return cmd
+}
+
+// rootHelp gives the agent's command a help and usage that name the
+// subcommands, a line each, ahead of the flag sections.
+func rootHelp(cmd *cobra.Command, nfs cliflag.NamedFlagSets) {
+	usage := func(w io.Writer, c *cobra.Command) {
+		fmt.Fprintf(w, "Usage:\n  %s\n  %s [command]\n\nCommands:\n", c.UseLine(), c.CommandPath())
+		for _, sub := range listedSubcommands(c) {
+			fmt.Fprintf(w, "  %-10s %s\n", sub.Name(), sub.Short)
+		}
+		fmt.Fprintf(w, "\nUse \"%s [command] --help\" for a command's flags.\n", c.CommandPath())
+		cliflag.PrintSections(w, nfs, helpColumns)
+	}
+	cmd.SetUsageFunc(func(c *cobra.Command) error {
+		usage(c.OutOrStderr(), c)
+		return nil
+	})
+	cmd.SetHelpFunc(func(c *cobra.Command, _ []string) {
+		fmt.Fprintf(c.OutOrStdout(), "%s\n\n", c.Long)
+		usage(c.OutOrStdout(), c)
+	})
+}
+
+// listedSubcommands are the subcommands --help names: not the hidden ones,
+// nor cobra's own help and completion.
+func listedSubcommands(c *cobra.Command) []*cobra.Command {
+	var subs []*cobra.Command
+	for _, sub := range c.Commands() {
+		if sub.IsAvailableCommand() && sub.Name() != "help" && sub.Name() != "completion" {
+			subs = append(subs, sub)
+		}
+	}
+	return subs
 }
 
 // subcommandHelp gives sub a help of its own, its flags and then the
