@@ -5,7 +5,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -21,6 +20,8 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 	cliflag "k8s.io/component-base/cli/flag"
+	logsapi "k8s.io/component-base/logs/api/v1"
+	_ "k8s.io/component-base/logs/json/register"
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent"
@@ -34,8 +35,17 @@ import (
 	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
+func init() {
+	// A process applies the logging flags once per command it runs; a
+	// second, unchanged application (tests run several commands in one
+	// process) is a no-op rather than an error.
+	logsapi.ReapplyHandling = logsapi.ReapplyHandlingIgnoreUnchanged
+}
+
 func main() {
-	if err := newCommand().Execute(); err != nil {
+	err := newCommand().Execute()
+	klog.Flush()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "kube-apicache: %s\n", oneLine(err))
 		os.Exit(1)
 	}
@@ -187,9 +197,21 @@ overrides.`,
 	o.config.addFlags(nfs.FlagSet("generic"))
 	nfs.FlagSet("generic").BoolVar(&o.version, "version", false, "Print the version and exit.")
 	logging := nfs.FlagSet("logging")
-	gofs := flag.NewFlagSet("klog", flag.ContinueOnError)
-	klog.InitFlags(gofs)
-	logging.AddGoFlagSet(gofs)
+	logCfg := logsapi.NewLoggingConfiguration()
+	logsapi.AddFlags(logCfg, logging)
+	// The split streams need the LoggingAlphaOptions feature gate, which
+	// this command has no flag to turn on.
+	for _, name := range []string{"log-text-split-stream", "log-text-info-buffer-size", "log-json-split-stream", "log-json-info-buffer-size"} {
+		if logging.Lookup(name) != nil {
+			_ = logging.MarkHidden(name)
+		}
+	}
+	cmd.PersistentPreRunE = func(*cobra.Command, []string) error {
+		if err := logsapi.ValidateAndApply(logCfg, nil); err != nil {
+			return fmt.Errorf("logging: %w", err)
+		}
+		return nil
+	}
 
 	for _, name := range nfs.Order {
 		if name == "logging" {

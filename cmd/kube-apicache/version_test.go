@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	logsapi "k8s.io/component-base/logs/api/v1"
+
 	"github.com/kube-apicache/kube-apicache/agent/version"
 )
 
@@ -60,5 +62,35 @@ func TestVersion(t *testing.T) {
 	out, err = runCommand(t, "version", "-o", "yaml")
 	if err == nil || !strings.Contains(err.Error(), `--output "yaml"`) {
 		t.Errorf("version -o yaml = %v (printed %q), want an error naming --output", err, out)
+	}
+}
+
+// TestLoggingFlags: the logging flags are component-base's: -v, --vmodule
+// and --logging-format (text or json); the klog flags Kubernetes dropped
+// are unknown, and an unknown format is a one-line error.
+func TestLoggingFlags(t *testing.T) {
+	reset := func() {
+		if err := logsapi.ResetForTest(nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reset()
+	t.Cleanup(reset)
+	for _, flag := range []string{"--logtostderr", "--alsologtostderr", "--log-dir=/tmp", "--log_dir=/tmp", "--log_file=x.log", "--log-file=x.log", "--one_output", "--skip_headers", "--add_dir_header", "--stderrthreshold=0"} {
+		if _, err := runCommand(t, "version", flag); err == nil || !strings.Contains(err.Error(), "unknown flag") {
+			t.Errorf("version %s: error %v, want an unknown flag", flag, err)
+		}
+	}
+	if _, err := runCommand(t, "version", "--logging-format=xml"); err == nil || !strings.Contains(err.Error(), "Unsupported log format") || strings.Contains(oneLine(err), "\n") {
+		t.Errorf("--logging-format=xml: error %v, want an unsupported format", err)
+	}
+	reset()
+	out, err := runCommand(t, "version", "--logging-format=json", "-v=3")
+	if err != nil || out != version.Get().String()+"\n" {
+		t.Errorf("version --logging-format=json -v=3 = %q, %v; want the version", out, err)
+	}
+	reset()
+	if _, err := runCommand(t, "version", "--vmodule=config=4", "-v=1"); err != nil {
+		t.Errorf("-v and --vmodule: %v", err)
 	}
 }
