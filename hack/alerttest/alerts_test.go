@@ -59,7 +59,7 @@ func loadRules(t *testing.T) map[string]rulefmt.Rule {
 type agent map[string]string
 
 // fleet returns n agents, intercepting with two healthy endpoints, not
-// degraded; bad(i, a) changes the first few as a scenario needs.
+// degraded; bad changes the first affected ones as a scenario needs.
 func fleet(n, affected int, bad func(a agent)) []agent {
 	agents := make([]agent, n)
 	for i := range agents {
