@@ -86,12 +86,15 @@ e2e-real-node: deps node-deps node-binaries control-plane e2e-images image
 	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_BIN_DIR=$(BIN_DIR) KUBE_APICACHE_IMAGES_DIR=$(IMAGES_DIR) \
 	  $(GO) test -count=1 -timeout 60m -run '^TestRealNode(DaemonSet|NFTables)?$$' -v ./e2e/
 
-# The main module, and hack/image, a module of its own (go-containerregistry
-# stays out of the agent's dependency graph), whose unit tests run here too.
+# The main module, and hack/image and hack/alerttest, modules of their own
+# (go-containerregistry and Prometheus stay out of the agent's dependency
+# graph), whose unit tests run here too.
 vet:
 	$(GO) vet ./...
 	$(GO) -C hack/image vet ./...
 	$(GO) -C hack/image test -count=1 ./...
+	$(GO) -C hack/alerttest vet ./...
+	$(GO) -C hack/alerttest test -count=1 ./...
 
 verify-manifests:
 	kubectl kustomize manifests/ >/dev/null

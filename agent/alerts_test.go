@@ -1,11 +1,15 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
+	"net/url"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 
 	"sigs.k8s.io/yaml"
 )
@@ -13,12 +17,45 @@ import (
 // metricRef matches a metric of the project in a PromQL expression.
 var metricRef = regexp.MustCompile(`\bkube_apicache_[a-zA-Z0-9_]+`)
 
-// TestAlertRules: every kube_apicache_* metric the shipped alert rules
-// (manifests/monitoring/prometheusrule.yaml) query is one the agent
-// registers (a histogram's _bucket, _sum and _count series included),
-// so a renamed metric cannot leave an alert that never fires; and the
-// README lists every alert.
-func TestAlertRules(t *testing.T) {
+// selectorLiteral matches a matcher on the job or namespace label in a
+// PromQL expression: the rules must not depend on how the PodMonitor, or
+// the namespace it and the agents run in, is named.
+var selectorLiteral = regexp.MustCompile(`\b(job|namespace)\s*(=~|!~|!=|=)\s*["'` + "`]")
+
+// byClause matches a `by (...)` or `without (...)` grouping.
+var byClause = regexp.MustCompile(`\b(by|without)\s*\(([^)]*)\)`)
+
+// allowedSeverities: critical pages; warning and info do not.
+var allowedSeverities = []string{"critical", "warning", "info"}
+
+// fleetGroup is the rule group whose alerts are about the share of the
+// agents in a state; it alone may page.
+const fleetGroup = "kube-apicache-fleet"
+
+// runbookBase is where every alert's runbook_url points, followed by the
+// anchor of its entry in the README.
+const runbookBase = "https://github.com/kube-apicache/kube-apicache/blob/main/README.md"
+
+// perAgentLabels identify one agent; an alert that keeps one of them fires
+// once per node.
+var perAgentLabels = []string{"pod", "node", "instance"}
+
+type alertRule struct {
+	Alert       string            `json:"alert"`
+	Expr        string            `json:"expr"`
+	For         string            `json:"for"`
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+type ruleGroup struct {
+	Name  string      `json:"name"`
+	Rules []alertRule `json:"rules"`
+}
+
+// readAlertRules reads manifests/monitoring/prometheusrule.yaml.
+func readAlertRules(t *testing.T) []ruleGroup {
+	t.Helper()
 	raw, err := os.ReadFile("../manifests/monitoring/prometheusrule.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -26,29 +63,32 @@ func TestAlertRules(t *testing.T) {
 	var rule struct {
 		Kind string `json:"kind"`
 		Spec struct {
-			Groups []struct {
-				Rules []struct {
-					Alert string `json:"alert"`
-					Expr  string `json:"expr"`
-				} `json:"rules"`
-			} `json:"groups"`
+			Groups []ruleGroup `json:"groups"`
 		} `json:"spec"`
 	}
-	// Only the fields above matter: labels, annotations and for are
-	// left out.
 	if err := yaml.Unmarshal(raw, &rule); err != nil {
 		t.Fatal(err)
 	}
 	if rule.Kind != "PrometheusRule" {
 		t.Fatalf("kind %q, want PrometheusRule", rule.Kind)
 	}
+	return rule.Spec.Groups
+}
+
+// TestAlertRules: every kube_apicache_* metric the shipped alert rules
+// (manifests/monitoring/prometheusrule.yaml) query is one the agent
+// registers (a histogram's _bucket, _sum and _count series included),
+// so a renamed metric cannot leave an alert that never fires; and the
+// README lists every alert.
+func TestAlertRules(t *testing.T) {
+	groups := readAlertRules(t)
 	registered := registeredNames(t, newAgentFromNew(t).metrics.registry)
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	var alerts, used []string
-	for _, g := range rule.Spec.Groups {
+	for _, g := range groups {
 		for _, r := range g.Rules {
 			if r.Alert == "" || r.Expr == "" {
 				t.Errorf("rule %+v: want an alert with an expr", r)
@@ -72,6 +112,167 @@ func TestAlertRules(t *testing.T) {
 	if len(alerts) < 5 || len(used) < 5 {
 		t.Errorf("only %d alerts querying %d of the agent's metrics: the rules were not read", len(alerts), len(used))
 	}
+}
+
+// TestAlertRulesRunbooks: every alert's runbook_url is the README's, with
+// the anchor of a heading in the Runbook's Alerts section, and every alert
+// there has such a link; no two alerts share an entry.
+func TestAlertRulesRunbooks(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := headingAnchors(readme, "")
+	section := headingAnchors(readme, "Alerts")
+	if len(section) == 0 {
+		t.Fatal("README.md has no Alerts section with entries")
+	}
+	seen := map[string]string{}
+	n := 0
+	for _, g := range readAlertRules(t) {
+		for _, r := range g.Rules {
+			n++
+			link := r.Annotations["runbook_url"]
+			base, anchor, ok := strings.Cut(link, "#")
+			if !ok || base != runbookBase || anchor == "" {
+				t.Errorf("alert %s: runbook_url %q, want %s#<anchor>", r.Alert, link, runbookBase)
+				continue
+			}
+			if _, err := url.Parse(link); err != nil {
+				t.Errorf("alert %s: runbook_url: %v", r.Alert, err)
+			}
+			switch {
+			case !all[anchor]:
+				t.Errorf("alert %s: runbook_url's anchor #%s is no heading of README.md", r.Alert, anchor)
+			case !section[anchor]:
+				t.Errorf("alert %s: runbook_url's anchor #%s is not in the README's Alerts section", r.Alert, anchor)
+			}
+			if other, ok := seen[anchor]; ok {
+				t.Errorf("alerts %s and %s share the runbook entry #%s", other, r.Alert, anchor)
+			}
+			seen[anchor] = r.Alert
+		}
+	}
+	if n == 0 {
+		t.Fatal("no alerts read")
+	}
+}
+
+// TestAlertRulesPortable: no expression selects by a job or namespace
+// name (both depend on the installation: the README tells users to change
+// the namespace), every alert has a severity from allowedSeverities, and
+// only the fleet group's alerts are critical: they aggregate the agents
+// away (no per-agent label kept in any grouping they count or sum by, nor
+// named in their annotations), so that an outage of the control plane is
+// one page, not one per node.
+func TestAlertRulesPortable(t *testing.T) {
+	var critical int
+	for _, g := range readAlertRules(t) {
+		for _, r := range g.Rules {
+			if m := selectorLiteral.FindString(r.Expr); m != "" {
+				t.Errorf("alert %s: expression selects by %q: select the agents by their metrics' names and labels", r.Alert, m)
+			}
+			sev := r.Labels["severity"]
+			if !slices.Contains(allowedSeverities, sev) {
+				t.Errorf("alert %s: severity %q, want one of %v", r.Alert, sev, allowedSeverities)
+			}
+			if sev != "critical" {
+				continue
+			}
+			critical++
+			if g.Name != fleetGroup {
+				t.Errorf("alert %s: critical in group %s: only the %s group may page", r.Alert, g.Name, fleetGroup)
+			}
+			if err := checkFleetAggregate(r); err != "" {
+				t.Errorf("alert %s: critical, but %s", r.Alert, err)
+			}
+		}
+	}
+	if critical == 0 {
+		t.Error("no critical alert: nothing pages")
+	}
+}
+
+// checkFleetAggregate returns why r is not an alert on the fleet as a
+// whole, or "".
+func checkFleetAggregate(r alertRule) string {
+	if !strings.Contains(r.Expr, "count by (namespace)") || !strings.Contains(r.Expr, "/") {
+		return "its expression is not a share of the agents (count by (namespace) ... / count by (namespace) ...)"
+	}
+	for _, m := range byClause.FindAllStringSubmatch(r.Expr, -1) {
+		if m[1] == "without" {
+			return "it groups `without`, which keeps per-agent labels"
+		}
+		// An inner grouping by pod (one value per agent) is what is
+		// counted; only the outermost count must drop it.
+		if !strings.Contains(r.Expr, "count "+m[0]) {
+			continue
+		}
+		for _, l := range strings.Split(m[2], ",") {
+			if slices.Contains(perAgentLabels, strings.TrimSpace(l)) {
+				return "it counts by " + m[2]
+			}
+		}
+	}
+	for k, v := range r.Annotations {
+		for _, l := range perAgentLabels {
+			if strings.Contains(v, "$labels."+l) {
+				return "its " + k + " names $labels." + l
+			}
+		}
+	}
+	return ""
+}
+
+// headingAnchors returns the GitHub anchors of README.md's headings
+// outside code blocks, all of them if section is "", else those under the
+// heading named section (down to the next heading of its level or above).
+func headingAnchors(readme []byte, section string) map[string]bool {
+	anchors := map[string]bool{}
+	fenced := false
+	inside, level := section == "", 0
+	sc := bufio.NewScanner(bytes.NewReader(readme))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "```") {
+			fenced = !fenced
+			continue
+		}
+		if fenced || !strings.HasPrefix(line, "#") {
+			continue
+		}
+		hashes := len(line) - len(strings.TrimLeft(line, "#"))
+		title := strings.TrimSpace(line[hashes:])
+		if section != "" {
+			switch {
+			case title == section && !inside:
+				inside, level = true, hashes
+				continue
+			case inside && hashes <= level:
+				inside = false
+			}
+		}
+		if inside {
+			anchors[githubAnchor(title)] = true
+		}
+	}
+	return anchors
+}
+
+// githubAnchor is the anchor GitHub gives a heading: lower case, spaces as
+// hyphens, punctuation other than hyphens and underscores dropped.
+func githubAnchor(title string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(title) {
+		switch {
+		case r == ' ':
+			b.WriteRune('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // histogramBase returns the histogram or summary name a series name
