@@ -2,21 +2,20 @@ package cache
 
 import (
 	"errors"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apiserver/pkg/endpoints/request"
+
+	"github.com/kube-apicache/kube-apicache/internal/series"
 )
 
 // metrics are the cache's Prometheus metrics.
 type metrics struct {
 	requests *prometheus.CounterVec
-	// seriesMu protects requestSeries, the children of requests already
-	// seen by their label values, so that a request does not look them
-	// up in the vector.
-	seriesMu      sync.RWMutex
-	requestSeries map[[4]string]prometheus.Counter
+	// requestSeries are the children of requests already seen, by their
+	// label values (verb, resource, outcome, reason).
+	requestSeries series.Of[[4]string, prometheus.Counter]
 	starts        *prometheus.CounterVec
 	stops         *prometheus.CounterVec
 	state         *stateCollector
@@ -35,7 +34,7 @@ type metrics struct {
 }
 
 func newMetrics(c *Cache) *metrics {
-	return &metrics{
+	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_cache_requests_total",
 			Help: "Requests the cache considered, by verb, resource, outcome (hit, denied, forwarded) and the reason a request was forwarded.",
@@ -88,6 +87,8 @@ func newMetrics(c *Cache) *metrics {
 			Buckets: []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
 		}, []string{"resource", "outcome"}),
 	}
+	m.requestSeries.New = func(k [4]string) prometheus.Counter { return m.requests.WithLabelValues(k[:]...) }
+	return m
 }
 
 // probeDone returns the observer of one resource's probes.
@@ -161,28 +162,7 @@ func (m *metrics) outcome(info *request.RequestInfo, outcome, reason string) {
 			resource = r.label
 		}
 	}
-	m.requestCounter([4]string{verb, resource, outcome, reason}).Inc()
-}
-
-// requestCounter returns the child of requests with label values key.
-func (m *metrics) requestCounter(key [4]string) prometheus.Counter {
-	m.seriesMu.RLock()
-	c, ok := m.requestSeries[key]
-	m.seriesMu.RUnlock()
-	if ok {
-		return c
-	}
-	m.seriesMu.Lock()
-	defer m.seriesMu.Unlock()
-	if c, ok := m.requestSeries[key]; ok {
-		return c
-	}
-	if m.requestSeries == nil {
-		m.requestSeries = map[[4]string]prometheus.Counter{}
-	}
-	c = m.requests.WithLabelValues(key[:]...)
-	m.requestSeries[key] = c
-	return c
+	m.requestSeries.Get([4]string{verb, resource, outcome, reason}).Inc()
 }
 
 func (m *metrics) forwarded(info *request.RequestInfo, reason string) {

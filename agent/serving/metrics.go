@@ -13,6 +13,7 @@ import (
 	"k8s.io/apiserver/pkg/endpoints/request"
 
 	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+	"github.com/kube-apicache/kube-apicache/internal/series"
 )
 
 // metrics are the serving metrics: requests by how they were handled,
@@ -81,10 +82,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // the label values (a bounded verb, a bounded resource, the code) key
 // their children here, as many as the vectors would hold.
 func (m *metrics) instrument(handler string, h http.Handler) http.Handler {
-	counters := &seriesOf[requestSeries, prometheus.Counter]{new: func(k requestSeries) prometheus.Counter {
+	counters := &series.Of[requestSeries, prometheus.Counter]{New: func(k requestSeries) prometheus.Counter {
 		return m.requests.WithLabelValues(k.verb, k.resource, handler, strconv.Itoa(int(k.code)))
 	}}
-	durations := &seriesOf[string, prometheus.Observer]{new: func(verb string) prometheus.Observer {
+	durations := &series.Of[string, prometheus.Observer]{New: func(verb string) prometheus.Observer {
 		return m.requestDuration.WithLabelValues(verb, handler)
 	}}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -109,43 +110,13 @@ func (m *metrics) instrument(handler string, h http.Handler) http.Handler {
 			if code == 0 {
 				code = http.StatusOK
 			}
-			counters.get(requestSeries{verb, resource, code}).Inc()
+			counters.Get(requestSeries{verb, resource, code}).Inc()
 			if verb != "watch" && code != http.StatusSwitchingProtocols {
-				durations.get(verb).Observe(time.Since(start).Seconds())
+				durations.Get(verb).Observe(time.Since(start).Seconds())
 			}
 		}()
 		h.ServeHTTP(rec, r)
 	})
-}
-
-// seriesOf holds the children of a metric vector by their label values,
-// made by new when first asked for. Its keys are bounded as the vector's
-// label values are.
-type seriesOf[K comparable, M any] struct {
-	new func(K) M
-
-	mu     sync.RWMutex // protects the field below
-	series map[K]M
-}
-
-func (s *seriesOf[K, M]) get(k K) M {
-	s.mu.RLock()
-	m, ok := s.series[k]
-	s.mu.RUnlock()
-	if ok {
-		return m
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if m, ok := s.series[k]; ok {
-		return m
-	}
-	if s.series == nil {
-		s.series = map[K]M{}
-	}
-	m = s.new(k)
-	s.series[k] = m
-	return m
 }
 
 // requestSeries are the label values of a request's series under one
