@@ -183,9 +183,17 @@ func newMetricsAuthWith(cfg *rest.Config, m *metricsAuthMetrics, limiter *rate.L
 	if err != nil {
 		return nil, fmt.Errorf("metrics authorization: %w", err)
 	}
+	authz, err := union.New(
+		union.NamedAuthorizer{AuthorizerName: "health-paths", Authorizer: health},
+		union.NamedAuthorizer{AuthorizerName: "deny-anonymous", Authorizer: authorizer.AuthorizerFunc(denyAnonymous)},
+		union.NamedAuthorizer{AuthorizerName: "delegated", Authorizer: delegated},
+	)
+	if err != nil {
+		return nil, fmt.Errorf("metrics authorization: %w", err)
+	}
 	return &metricsAuth{
 		authn:   &reviewGate{delegate: authn, limiter: limiter, cached: seen, trusted: trusted},
-		authz:   union.New(health, authorizer.AuthorizerFunc(denyAnonymous), delegated),
+		authz:   authz,
 		metrics: m,
 	}, nil
 }

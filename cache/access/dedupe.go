@@ -71,6 +71,13 @@ const maxKeptKey = 16 << 10
 // maxKeptDecisions bounds their number.
 const maxKeptBytes = 4 << 20
 
+// ConditionsAwareAuthorize goes through Authorize, so that its kept
+// decisions and its gate hold for every caller (the embedded authorizer's
+// would skip both).
+func (d *dedupe) ConditionsAwareAuthorize(ctx context.Context, attrs authorizer.Attributes) authorizer.ConditionsAwareDecision {
+	return authorizer.ConditionsAwareDecisionFromParts(d.Authorize(ctx, attrs))
+}
+
 func (d *dedupe) Authorize(ctx context.Context, attrs authorizer.Attributes) (authorizer.Decision, string, error) {
 	key, err := decisionKey(attrs)
 	if err != nil {

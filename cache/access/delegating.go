@@ -477,3 +477,10 @@ func (a withTimeout) Authorize(ctx context.Context, attrs authorizer.Attributes)
 	defer cancel()
 	return a.Authorizer.Authorize(ctx, attrs)
 }
+
+// ConditionsAwareAuthorize goes through Authorize, so that the bound holds
+// for every caller; the agent's reviews are SubjectAccessReviews, which
+// carry no conditions.
+func (a withTimeout) ConditionsAwareAuthorize(ctx context.Context, attrs authorizer.Attributes) authorizer.ConditionsAwareDecision {
+	return authorizer.ConditionsAwareDecisionFromParts(a.Authorize(ctx, attrs))
+}
