@@ -182,7 +182,7 @@ bench-scale: deps control-plane
 # kube-apiserver; prints both results and the specs whose results differ,
 # and fails if a spec passed directly but not through the agent (needs
 # root). `make test` runs it after the Go tests. e2e.test, ginkgo and
-# kubectl v1.36.3 are built from e2e/tools/e2etest on first use.
+# kubectl v1.37.2 are built from e2e/tools/e2etest on first use.
 conformance: deps control-plane e2e-test
 	$(GO) run ./e2e/conformance --bin-dir $(BIN_DIR) $(CONFORMANCE_ARGS)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the sandbox control plane (etcd, kube-apiserver,
-# kube-controller-manager) from the pinned tools module into BIN_DIR.
+# kube-controller-manager) at one Kubernetes release, from its module in
+# e2e/k8s, into BIN_DIR.
 #
 # A cold build takes several minutes, so results are reused twice over:
 #   - BIN_DIR (gitignored, in the work tree) is skipped when its stamp matches;
@@ -9,10 +10,17 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-tools="$root/e2e/tools"
 BIN_DIR=${BIN_DIR:-$root/_output/bin}
 CACHE_DIR=${KUBE_APICACHE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-apicache}
-KUBE_VERSION=v1.36.3
+# KUBE_MINOR picks the release; e2e/k8s/$KUBE_MINOR pins it (written by
+# hack/k8s-module.sh) and e2e/k8s/default names the one the suite runs.
+KUBE_MINOR=${KUBE_MINOR:-$(cat "$root/e2e/k8s/default")}
+tools="$root/e2e/k8s/$KUBE_MINOR"
+if [[ ! -f $tools/go.mod ]]; then
+  echo "no Kubernetes $KUBE_MINOR here; e2e/k8s has: $(cd "$root/e2e/k8s" && echo 1.*)" >&2
+  exit 2
+fi
+KUBE_VERSION=$(sed -n 's|^require k8s.io/kubernetes \(v[0-9.]*\).*|\1|p' "$tools/go.mod")
 bins=(etcd kube-apiserver kube-controller-manager)
 
 stamp=$(cat "$tools/go.mod" "$tools/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)

@@ -18,7 +18,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tools="$root/e2e/tools/e2etest"
 BIN_DIR=${BIN_DIR:-$root/_output/bin}
 CACHE_DIR=${KUBE_APICACHE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-apicache}
-KUBE_VERSION=v1.36.3
+KUBE_VERSION=v1.37.2
 bins=(e2e.test ginkgo kubectl)
 
 stamp=$(cat "$tools/go.mod" "$tools/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)

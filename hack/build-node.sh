@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Builds the sandbox's optional real node (kubelet, kube-proxy, and the
 # kube-scheduler that places DaemonSet and Deployment pods on it) from the
-# pinned e2e/nodetools module into BIN_DIR, with the same version stamping
-# as hack/build-control-plane.sh.
+# release's module in e2e/k8s (the one the control plane uses) into
+# BIN_DIR, with the same version stamping as hack/build-control-plane.sh.
 #
-# The node has a module of its own so that its stamp, and so the control
-# plane's, changes only when its own pins do. Results are reused twice over,
-# as for the control plane:
+# The node's stamp is its own (this script is part of it), so building the
+# node never invalidates the control plane's binaries. Results are reused
+# twice over, as for the control plane:
 #   - BIN_DIR is skipped when its node stamp (.node-stamp) matches;
 #   - a per-user cache directory keeps a copy keyed by the same stamp.
 #
@@ -17,10 +17,17 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-tools="$root/e2e/nodetools"
 BIN_DIR=${BIN_DIR:-$root/_output/bin}
 CACHE_DIR=${KUBE_APICACHE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kube-apicache}
-KUBE_VERSION=v1.36.3
+# KUBE_MINOR picks the release; e2e/k8s/$KUBE_MINOR pins it (written by
+# hack/k8s-module.sh) and e2e/k8s/default names the one the suite runs.
+KUBE_MINOR=${KUBE_MINOR:-$(cat "$root/e2e/k8s/default")}
+tools="$root/e2e/k8s/$KUBE_MINOR"
+if [[ ! -f $tools/go.mod ]]; then
+  echo "no Kubernetes $KUBE_MINOR here; e2e/k8s has: $(cd "$root/e2e/k8s" && echo 1.*)" >&2
+  exit 2
+fi
+KUBE_VERSION=$(sed -n 's|^require k8s.io/kubernetes \(v[0-9.]*\).*|\1|p' "$tools/go.mod")
 bins=(kubelet kube-proxy kube-scheduler)
 
 stamp=$(cat "$tools/go.mod" "$tools/go.sum" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16)

@@ -45,7 +45,7 @@ func compatibilityMatrix(t *testing.T, readme string) []compatibilityRow {
 var kubeVersionRef = regexp.MustCompile(`(?m)^KUBE_VERSION=(v\d+\.\d+\.\d+)$`)
 
 // kubeModuleRef is the k8s.io/kubernetes an e2e tools module builds.
-var kubeModuleRef = regexp.MustCompile(`(?m)^\s*k8s\.io/kubernetes (v\d+\.\d+\.\d+)\b`)
+var kubeModuleRef = regexp.MustCompile(`(?m)^(?:require)?\s*k8s\.io/kubernetes (v\d+\.\d+\.\d+)\b`)
 
 // proxyModeRef is the kube-proxy mode an e2e scenario starts the real node
 // with: startRealNodeSandbox(t, ctx, dir, images, "<mode>").
@@ -63,18 +63,20 @@ func TestCompatibilityMatrix(t *testing.T) {
 	rows := compatibilityMatrix(t, string(readme))
 
 	pinned := map[string]bool{}
-	for _, script := range []string{"build-control-plane.sh", "build-node.sh", "build-e2e-test.sh"} {
-		b, err := os.ReadFile(filepath.Join("../../hack", script))
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := kubeVersionRef.FindSubmatch(b)
-		if m == nil {
-			t.Fatalf("hack/%s pins no KUBE_VERSION", script)
-		}
-		pinned[string(m[1])] = true
+	b, err := os.ReadFile("../../hack/build-e2e-test.sh")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, mod := range []string{"tools", "nodetools"} {
+	m := kubeVersionRef.FindSubmatch(b)
+	if m == nil {
+		t.Fatal("hack/build-e2e-test.sh pins no KUBE_VERSION")
+	}
+	pinned[string(m[1])] = true
+	def, err := os.ReadFile("../../e2e/k8s/default")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mod := range []string{filepath.Join("k8s", strings.TrimSpace(string(def))), filepath.Join("tools", "e2etest")} {
 		b, err := os.ReadFile(filepath.Join("../../e2e", mod, "go.mod"))
 		if err != nil {
 			t.Fatal(err)

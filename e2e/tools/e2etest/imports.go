@@ -15,7 +15,6 @@ import (
 	_ "k8s.io/kubernetes/test/e2e/architecture"
 	_ "k8s.io/kubernetes/test/e2e/auth"
 	_ "k8s.io/kubernetes/test/e2e/autoscaling"
-	_ "k8s.io/kubernetes/test/e2e/cloud"
 	_ "k8s.io/kubernetes/test/e2e/common"
 	_ "k8s.io/kubernetes/test/e2e/dra"
 	_ "k8s.io/kubernetes/test/e2e/feature"
@@ -29,8 +28,6 @@ import (
 	_ "k8s.io/kubernetes/test/e2e/invariants"
 	_ "k8s.io/kubernetes/test/e2e/invariants/logcheck"
 	_ "k8s.io/kubernetes/test/e2e/kubectl"
-	_ "k8s.io/kubernetes/test/e2e/lifecycle"
-	_ "k8s.io/kubernetes/test/e2e/lifecycle/bootstrap"
 	_ "k8s.io/kubernetes/test/e2e/network"
 	_ "k8s.io/kubernetes/test/e2e/node"
 	_ "k8s.io/kubernetes/test/e2e/scheduling"
@@ -40,5 +37,5 @@ import (
 	_ "k8s.io/kubernetes/test/e2e/testing-manifests"
 	_ "k8s.io/kubernetes/test/e2e/windows"
 	_ "k8s.io/kubernetes/test/fixtures"
-	_ "k8s.io/kubernetes/test/utils/format"
+	_ "k8s.io/kubernetes/test/utils/ktesting/format"
 )
