@@ -278,6 +278,14 @@ func (c *Cache) Handler(forward http.Handler, wrapHit func(http.Handler) http.Ha
 			fwd(reason)
 			return
 		}
+		if p.fromRV && p.badRequest == nil {
+			// Decided, and the watch's place in the history taken, before
+			// anything of the answer is written.
+			if reason := c.placeWatch(r.Context(), p); reason != "" {
+				fwd(reason)
+				return
+			}
+		}
 		if p.verb == "get" && p.badRequest == nil && !p.mayBeAbsent {
 			if _, _, ok := p.res.store.Get(p.namespace, p.name); !ok {
 				fwd(reasonOutOfScope)

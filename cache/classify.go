@@ -57,6 +57,7 @@ const (
 	reasonBarrier         = "write-barrier-timeout"
 	reasonRecentWrite     = "recent-write"
 	reasonTooNew          = "resource-version-too-new"
+	reasonTooOld          = "resource-version-too-old"
 	reasonPaginated       = "paginated"
 	reasonNoReviewer      = "no-reviewer"
 	reasonEncoding        = "encoding"
@@ -115,6 +116,11 @@ type plan struct {
 	// snap is the list snapshot taken to check a limit, served as it is
 	// so that the answer is the one that was checked.
 	snap *listSnapshot
+	// cursor is a watch from minRV's place in the Store's history, taken
+	// once the cache chose to serve it (placeWatch); expired, if set, is
+	// the 410 the watch is answered with instead (watch.go).
+	cursor  store.Cursor
+	expired error
 }
 
 // listSnapshot is a list's objects and the RV they are consistent at.
@@ -302,7 +308,8 @@ var watchParams = map[string]bool{"labelSelector": true, "fieldSelector": true, 
 // SetListOptionsDefaults turns it on), and without them from a
 // resourceVersion N or from now; of a collection, or of one object by a
 // metadata.name field selector. A watch by the deprecated path form
-// (/watch/.../<name>) is forwarded.
+// (/watch/.../<name>) is forwarded, and so is a watch from an N older than
+// the cache's event window, once the caller is reviewed (placeWatch).
 //
 // The resourceVersion has the list meanings for initial events
 // (api-concepts, watch-list): unset is a consistent start (the

@@ -272,7 +272,7 @@ type Config struct {
 	IdleTimeout time.Duration
 	// HistoryEvents and HistoryBytes bound each resource's event window,
 	// which watches from a resourceVersion are served from (store/history.go):
-	// a watch from before it gets 410 Gone. Zero means
+	// a watch from before it is forwarded to kube-apiserver. Zero means
 	// DefaultHistoryEvents and DefaultHistoryBytes.
 	HistoryEvents, HistoryBytes int
 	// Registerer receives the cache's metrics; nil registers nothing.

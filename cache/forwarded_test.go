@@ -83,6 +83,11 @@ func TestForwardedWatchTimeoutCapped(t *testing.T) {
 		name: "not-cached",
 		path: "/api/v1/configmaps?watch=true",
 	}, {
+		// Its client comes back from a recent resourceVersion only once
+		// kube-apiserver's stream has moved it on: a reason that lasts.
+		name: "resource-version-too-old: from before the event window",
+		path: "/api/v1/pods?watch=true&timeoutSeconds=3600&allowWatchBookmarks=true&resourceVersion=1" + node,
+	}, {
 		name:  "a list is never capped",
 		state: brokenWatch,
 		path:  "/api/v1/pods?timeoutSeconds=3600" + node,

@@ -58,7 +58,7 @@ func newMetrics(c *Cache) *metrics {
 		}, []string{"resource"}),
 		watchEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_cache_watches_ended_total",
-			Help: "Client watches served from the cache that ended, by resource and reason: client (it went away, or the agent drained), timeout, relisted (the cache's own watch relisted), slow (it fell behind the event window or stopped reading), informer-stopped, too-old (it asked for a resourceVersion older than the window: 410 Gone), resource-version-went-back (the upstream's resourceVersion went back: 410 Gone, the client relists).",
+			Help: "Client watches served from the cache that ended, by resource and reason: client (it went away, or the agent drained), timeout, relisted (the cache's own watch relisted), slow (it fell behind the event window or stopped reading), informer-stopped, too-old (it asked for a resourceVersion older than the window while kube-apiserver was unreachable: 410 Gone; otherwise such a watch is forwarded, reason resource-version-too-old), resource-version-went-back (the upstream's resourceVersion went back: 410 Gone, the client relists).",
 		}, []string{"resource", "reason"}),
 		watchesCapped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kube_apicache_cache_watches_forwarded_capped_total",
@@ -189,7 +189,7 @@ var (
 	historyBytesDesc = prometheus.NewDesc("kube_apicache_cache_history_bytes",
 		"Estimated memory the resource's event window keeps alive.", []string{"resource"}, nil)
 	historyAgeDesc = prometheus.NewDesc("kube_apicache_cache_history_age_seconds",
-		"Age of the oldest event in the resource's event window; a watch from an older resourceVersion gets 410 Gone.", []string{"resource"}, nil)
+		"Age of the oldest event in the resource's event window; a watch from an older resourceVersion is forwarded to kube-apiserver.", []string{"resource"}, nil)
 	upstreamWatchesDesc = prometheus.NewDesc("kube_apicache_cache_upstream_watches",
 		"Watches the cache holds open upstream for the resource: 1 while its informer's watch is open (its initial events included), 0 while it lists, retries or is idle. Every client watch of the resource served from the cache shares it.", []string{"resource"}, nil)
 	informersDesc = prometheus.NewDesc("kube_apicache_cache_informers",

@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -65,11 +66,11 @@ const (
 )
 
 // serveWatch answers a watch from the cache: p's initial events if it
-// asks for them, else from p.minRV (a resourceVersion N) or from the
-// Store's current RV ("0" or unset); then the events after that RV until
-// the client goes away, the request's context ends (the agent drains),
-// the timeout passes, the client falls behind the event window or stops
-// reading, or the Store relists or stops.
+// asks for them, else from p.minRV (a resourceVersion N, from the cursor
+// placeWatch took) or from the Store's current RV ("0" or unset); then the
+// events after that RV until the client goes away, the request's context
+// ends (the agent drains), the timeout passes, the client falls behind the
+// event window or stops reading, or the Store relists or stops.
 func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 	start := time.Now()
 	res := p.res
@@ -94,15 +95,13 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 			}
 		}
 	case p.fromRV:
-		from = p.minRV
-		var floor uint64
-		var ok bool
-		if cur, floor, ok = st.WatchFrom(from); !ok {
+		from, cur = p.minRV, p.cursor
+		if p.expired != nil {
 			// kube-apiserver answers a watch it has authorized and whose
 			// resourceVersion it parsed with a stream holding one ERROR
 			// event, not with an HTTP error.
 			c.metrics.watchEnded(res.label, endTooOld)
-			b, encErr := p.events.Status(statusOf(tooOld(from, floor)))
+			b, encErr := p.events.Status(statusOf(p.expired))
 			if encErr != nil {
 				c.encodingFailed(w, r, res, encErr)
 				return
@@ -197,7 +196,11 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 		case store.CursorReplaced:
 			// Ended once the informer's new watch is open (bounded), so
 			// that the client's next watch is served from the new window
-			// rather than forwarded.
+			// rather than forwarded as unhealthy. (One from an RV before
+			// the new window is forwarded as too old: placeWatch. The
+			// Store relists when kube-apiserver could not resume its own
+			// watch, so kube-apiserver mostly answers that one with a
+			// quick 410, and the client relists from the cache.)
 			reason = endRelisted
 			c.awaitHealthy(r.Context(), res)
 			return
@@ -301,6 +304,52 @@ func (c *Cache) serveWatch(w http.ResponseWriter, r *http.Request, p *plan) {
 		case <-changed:
 		}
 	}
+}
+
+// placeWatch takes the place in the Store's history of p, a watch from
+// p.minRV, and returns a reason to forward it if the event window no
+// longer holds every event after p.minRV. Handler calls it once the
+// caller is reviewed and the cache is ready to serve p, before anything of
+// the answer is written.
+//
+// A watch from before the window is kube-apiserver's to answer, not the
+// agent's: the agent's window starts at its own list and holds a bounded
+// number of events, while kube-apiserver may still serve the revision
+// (from its watch cache or from etcd; a watch from resourceVersion=1 on a
+// young cluster replays its whole history), and answers 410 itself for a
+// revision etcd has compacted. So the watch is forwarded unchanged, like
+// any request the cache does not answer: with the caller's own
+// credentials, under kube-apiserver's own authorization and limits. Any
+// caller can have it forwarded at will by asking for an old
+// resourceVersion; it costs kube-apiserver exactly what the same watch
+// sent to it directly would, and no more. Its client watches again from
+// its last resourceVersion when it ends, and is served from the cache if
+// the window holds that one.
+//
+// The decision and the cursor are taken at once, under the Store's lock,
+// so no event can fall between them: the events applied afterwards are
+// the watch's to send, and should they push its cursor out of the window
+// before it reads them, the watch ends as one that fell behind (its client
+// watches again from the same resourceVersion, and is forwarded then). An
+// RV newer than the Store's is in the window: the watch starts at once
+// and skips the events up to it, as kube-apiserver's does.
+//
+// While kube-apiserver is unreachable (degraded mode) forwarding could
+// only fail, and the client would retry the same resourceVersion until it
+// is back; the watch gets the 410 kube-apiserver's watch cache answers
+// once its window has moved on, and its client relists, from the cache.
+func (c *Cache) placeWatch(ctx context.Context, p *plan) string {
+	cur, floor, ok := p.res.store.WatchFrom(p.minRV)
+	switch {
+	case ok:
+		p.cursor = cur
+		return ""
+	case degraded(ctx):
+		p.expired = tooOld(p.minRV, floor)
+		return ""
+	}
+	klog.FromContext(ctx).V(4).Info("Forwarding a watch from before the event window", "resource", p.res.label, "resourceVersion", p.minRV, "floor", floor)
+	return reasonTooOld
 }
 
 // tooOld is kube-apiserver's answer to a watch from an RV its window has

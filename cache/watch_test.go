@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
@@ -194,45 +195,148 @@ func TestWatchLeavingSelectorGetsPreviousState(t *testing.T) {
 	}
 }
 
-// TestWatchTooOld: a watch from a resourceVersion older than the window's
-// floor gets kube-apiserver's answer: a 200 stream with one ERROR event,
-// 410 Expired "too old resource version: N (floor)"; the window's floor
-// moves up as events are evicted.
-func TestWatchTooOld(t *testing.T) {
-	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
-	c, cfg := testCache(t, up, wlPod("a", "80"))
-	st := c.resources[0].current.Load().store
-	st.SetHistoryBounds(2, 0)
-	for rv := 101; rv <= 104; rv++ {
-		mustDo(t, st.Update(wlPod("a", fmt.Sprint(rv))))
-	}
-	if h := st.History(); h.Events != 2 || h.Floor != 102 {
-		t.Fatalf("window %+v, want 2 events above 102", h)
-	}
-	client := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("")
-	w, err := client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "101", FieldSelector: "spec.nodeName=node-a"})
-	mustDo(t, err)
-	evs := collect(t, w)
-	if got := summarize(evs); !cmp.Equal(got, []string{"ERROR 410 Expired"}) {
-		t.Fatalf("events %v, want one ERROR 410 Expired", got)
-	}
-	if msg := evs[0].Object.(*metav1.Status).Message; msg != "too old resource version: 101 (102)" {
-		t.Errorf("message %q", msg)
-	}
-	w, err = client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "102", FieldSelector: "spec.nodeName=node-a"})
-	mustDo(t, err)
-	defer w.Stop()
-	if got := summarize(next(t, w, 2)); !cmp.Equal(got, []string{"MODIFIED a@103", "MODIFIED a@104"}) {
-		t.Errorf("events from the floor %v", got)
+// TestWatchWindow: a watch from a resourceVersion N is served from the
+// cache's event window when the window holds every event after N, and
+// otherwise forwarded as it came, with the caller's credentials, to
+// kube-apiserver, which may still serve N (a watch from
+// resourceVersion=1 on a young cluster replays its history) or answers
+// 410 itself: the client gets kube-apiserver's stream, and the forward is
+// counted with reason resource-version-too-old. Given a Store listed at RV
+// 100 whose window, bounded to two events, holds 103 and 104 (floor 102):
+// a watch from 1 or 101, with or without bookmarks or sendInitialEvents=
+// false, is forwarded; one from 102 (the floor), 103, or an RV the Store
+// has not reached is served from the window; the watches that start from
+// a state (a watch-list from 101, legacy watches from "0" or unset) are
+// served from the cache whatever the window holds.
+func TestWatchWindow(t *testing.T) {
+	upstream := []watch.Event{{Type: watch.Added, Object: wlPod("a", "50")}, {Type: watch.Added, Object: wlPod("b", "60")}}
+	for _, tc := range []struct {
+		name      string
+		opts      metav1.ListOptions
+		forwarded bool
+		// after are changes made once a served watch has started.
+		after func(t *testing.T, st *store.Store)
+		want  []string
+	}{{
+		name:      "resourceVersion=1",
+		opts:      metav1.ListOptions{ResourceVersion: "1"},
+		forwarded: true,
+	}, {
+		name:      "just before the window's floor",
+		opts:      metav1.ListOptions{ResourceVersion: "101"},
+		forwarded: true,
+	}, {
+		name:      "before the floor, with bookmarks",
+		opts:      metav1.ListOptions{ResourceVersion: "101", AllowWatchBookmarks: true},
+		forwarded: true,
+	}, {
+		name: "before the floor, sendInitialEvents=false",
+		opts: metav1.ListOptions{ResourceVersion: "101", SendInitialEvents: ptr.To(false),
+			ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, AllowWatchBookmarks: true},
+		forwarded: true,
+	}, {
+		name: "the window's floor",
+		opts: metav1.ListOptions{ResourceVersion: "102"},
+		want: []string{"MODIFIED a@103", "MODIFIED a@104"},
+	}, {
+		name: "inside the window",
+		opts: metav1.ListOptions{ResourceVersion: "103"},
+		want: []string{"MODIFIED a@104"},
+	}, {
+		// It starts at once and skips the events up to its RV, as
+		// kube-apiserver's watch does.
+		name: "an RV the Store has not reached",
+		opts: metav1.ListOptions{ResourceVersion: "106"},
+		after: func(t *testing.T, st *store.Store) {
+			mustDo(t, st.Update(wlPod("a", "105")))
+			mustDo(t, st.Update(wlPod("a", "107")))
+		},
+		want: []string{"MODIFIED a@107"},
+	}, {
+		name: "watch-list from before the floor",
+		opts: watchListOptions("101"),
+		want: []string{"ADDED a@104", "BOOKMARK @104 initial-events-end"},
+	}, {
+		name: "legacy watch from 0",
+		opts: metav1.ListOptions{ResourceVersion: "0"},
+		want: []string{"ADDED a@104"},
+	}, {
+		name: "legacy watch, resourceVersion unset",
+		want: []string{"ADDED a@104"},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { writeWatch(t, w, r, upstream...) }}
+			c, cfg := testCache(t, up, wlPod("a", "80"))
+			st := c.resources[0].current.Load().store
+			st.SetHistoryBounds(2, 0)
+			for rv := 101; rv <= 104; rv++ {
+				mustDo(t, st.Update(wlPod("a", fmt.Sprint(rv))))
+			}
+			if h := st.History(); h.Events != 2 || h.Floor != 102 {
+				t.Fatalf("window %+v, want 2 events above 102", h)
+			}
+			opts := tc.opts
+			if opts.FieldSelector == "" {
+				opts.FieldSelector = "spec.nodeName=node-a"
+			}
+			w, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("").Watch(context.Background(), opts)
+			mustDo(t, err)
+			defer w.Stop()
+			var got []string
+			if tc.forwarded {
+				got = summarize(collect(t, w))
+			} else {
+				if tc.after != nil {
+					waitWatchers(t, c, 1)
+					tc.after(t, st)
+				}
+				got = summarize(next(t, w, len(tc.want)))
+			}
+			want := tc.want
+			if tc.forwarded {
+				want = summarize(upstream)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("events (-want +got):\n%s", diff)
+			}
+			reqs := up.got()
+			counted := testutil.ToFloat64(c.metrics.requests.WithLabelValues("watch", "pods", "forwarded", reasonTooOld))
+			if !tc.forwarded {
+				if len(reqs) != 0 || counted != 0 {
+					t.Errorf("%d requests reached the forwarder, %v counted as too old; want the cache to serve it", len(reqs), counted)
+				}
+				return
+			}
+			if len(reqs) != 1 {
+				t.Fatalf("%d requests reached the forwarder, want the watch", len(reqs))
+			}
+			q := reqs[0].URL.Query()
+			if q.Get("watch") != "true" || q.Get("resourceVersion") != opts.ResourceVersion || q.Has("timeoutSeconds") {
+				t.Errorf("forwarded query %q, want the watch's own", reqs[0].URL.RawQuery)
+			}
+			if auth := reqs[0].Header.Get("Authorization"); auth != "Bearer token-a" {
+				t.Errorf("forwarded with Authorization %q, want the caller's", auth)
+			}
+			if counted != 1 {
+				t.Errorf("%v watches counted as forwarded for reason %s, want 1", counted, reasonTooOld)
+			}
+			if ended := testutil.ToFloat64(c.metrics.watchEnds.WithLabelValues("pods", endTooOld)); ended != 0 {
+				t.Errorf("%v watches answered 410 by the cache, want none", ended)
+			}
+		})
 	}
 }
 
 // TestWatchEndsOnRelist: when the Store relists (its own watch broke past
 // repair), the watches it serves end without an ERROR event, as
 // kube-apiserver's cacher ends its watchers; a client watching again from
-// its last RV, now before the new window, gets 410 and relists.
+// its last RV, now before the new window, is forwarded and gets
+// kube-apiserver's answer (here the 410 it gives for a revision it no
+// longer has, on which the client relists).
 func TestWatchEndsOnRelist(t *testing.T) {
-	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) { t.Errorf("forwarded %s", r.URL) }}
+	up := &fakeUpstream{respond: func(w http.ResponseWriter, r *http.Request) {
+		writeWatch(t, w, r, watch.Event{Type: watch.Error, Object: &apierrors.NewResourceExpired("too old resource version: 101 (150)").ErrStatus})
+	}}
 	c, cfg := testCache(t, up, wlPod("a", "80"))
 	st := c.resources[0].current.Load().store
 	client := kubernetes.NewForConfigOrDie(cfg).CoreV1().Pods("")
@@ -246,10 +350,16 @@ func TestWatchEndsOnRelist(t *testing.T) {
 	if got := summarize(collect(t, w)); len(got) > 1 || (len(got) == 1 && got[0] != "MODIFIED a@101") {
 		t.Errorf("events %v, want at most the one before the relist, then the end", got)
 	}
+	if n := len(up.got()); n != 0 {
+		t.Fatalf("%d requests forwarded before the watch from the old window", n)
+	}
 	w, err = client.Watch(context.Background(), metav1.ListOptions{ResourceVersion: "101", FieldSelector: "spec.nodeName=node-a"})
 	mustDo(t, err)
 	if got := summarize(collect(t, w)); !cmp.Equal(got, []string{"ERROR 410 Expired"}) {
 		t.Errorf("events %v, want ERROR 410 Expired", got)
+	}
+	if n := len(up.got()); n != 1 {
+		t.Errorf("%d requests forwarded, want the watch from before the new window", n)
 	}
 }
 

@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -78,7 +80,9 @@ const uaForms = "kube-apicache-e2e/forms/"
 // BOOKMARK exactly when kube-apiserver does (only to clients that allow
 // bookmarks); the forms the cache covers were answered by the cache, and
 // those reached kube-apiserver as no get, list or initial-events watch
-// (audit log).
+// (audit log); and a watch of services from resourceVersion=1, older than
+// the agent's event window, is forwarded and carries the same events as
+// kube-apiserver's direct answer.
 func TestDifferentialForms(t *testing.T) {
 	c := requireCluster(t)
 	dumpOnFailure(t, c)
@@ -129,6 +133,56 @@ func TestDifferentialForms(t *testing.T) {
 	hits := outcomes["cache"]
 	figuref(t, "%d of %d request forms answered the same through the agent as direct; %d answered from the cache, %d not (by outcome: %v)",
 		same, len(cases), hits, len(cases)-hits, outcomes)
+
+	// When the pod watches every namespace's services from
+	// resourceVersion=1, a revision before the agent's event window (which
+	// starts at the agent's own list), through the agent and directly,
+	// then the agent forwards the watch and both streams carry the same
+	// events up to the state listed just before: the history
+	// kube-apiserver still serves, or its own 410 where etcd has compacted
+	// it (an agent once answered 410 from its window where kube-apiserver
+	// streamed ADDED events).
+	t.Run("watch from resourceVersion 1", func(t *testing.T) {
+		listed, err := c.Admin.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		upTo, err := strconv.ParseUint(listed.ResourceVersion, 10, 64)
+		if err != nil {
+			t.Fatalf("listed at resourceVersion %q: %v", listed.ResourceVersion, err)
+		}
+		const path = "/api/v1/services?watch=1&timeoutSeconds=3&resourceVersion=1"
+		before := readCacheMetrics(t, ctx, agent)
+		got := viaAgent.do(t, ctx, "GET", path, acceptJSON, uaOther, nil)
+		outcome := cacheOutcome(before, readCacheMetrics(t, ctx, agent))
+		want := direct.do(t, ctx, "GET", path, acceptJSON, uaDirect, nil)
+		if outcome != "forwarded/resource-version-too-old" {
+			t.Errorf("the agent took the watch as %s, want it forwarded as older than its window", outcome)
+		}
+		if got.code != want.code || want.code != http.StatusOK {
+			t.Fatalf("code through the agent %d, direct %d, want 200\nagent:  %.2000s\ndirect: %.2000s", got.code, want.code, got.body, want.body)
+		}
+		wantEvs, err := watchHistory(want, upTo)
+		if err != nil {
+			t.Fatalf("direct watch: %v (after %q)", err, wantEvs)
+		}
+		gotEvs, err := watchHistory(got, upTo)
+		if err != nil {
+			t.Errorf("watch through the agent: %v (after %q)", err, gotEvs)
+		}
+		if diff := cmp.Diff(wantEvs, gotEvs); diff != "" {
+			t.Errorf("events up to resourceVersion %d differ (-direct +agent):\n%s", upTo, diff)
+		}
+		added := 0
+		for _, ev := range wantEvs {
+			added += boolInt(strings.HasPrefix(ev, string(watch.Added)))
+		}
+		if added == 0 && !slices.Contains(wantEvs, "ERROR 410 Expired") {
+			t.Errorf("kube-apiserver sent no ADDED event and no 410 for services from resourceVersion=1: %q", wantEvs)
+		}
+		figuref(t, "watch of services from resourceVersion=1: forwarded by the agent; %d events up to %d (%d ADDED) the same through the agent and direct",
+			len(wantEvs), upTo, added)
+	})
 
 	t.Run("cache hits reached no apiserver", func(t *testing.T) {
 		forwarded, upstream := 0, 0
@@ -472,6 +526,48 @@ func watchSequence(r rawResponse) ([]string, error) {
 			seq = append(seq, fmt.Sprintf("%s %s/%s@%s", typ, m.GetNamespace(), m.GetName(), m.GetResourceVersion()))
 		default:
 			return append(seq, string(typ)), nil
+		}
+	}
+}
+
+// watchHistory decodes a JSON watch stream into its events up to
+// resourceVersion upTo, each as "TYPE Kind namespace/name", and an ERROR as
+// "ERROR code reason"; bookmarks and the events after upTo (made while or
+// after the streams were read) are left out.
+func watchHistory(r rawResponse, upTo uint64) ([]string, error) {
+	var seq []string
+	dec := json.NewDecoder(bytes.NewReader(r.body))
+	for {
+		var ev struct {
+			Type   string
+			Object json.RawMessage
+		}
+		if err := dec.Decode(&ev); errors.Is(err, io.EOF) {
+			return seq, nil
+		} else if err != nil {
+			return seq, err
+		}
+		switch ev.Type {
+		case string(watch.Bookmark):
+			continue
+		case string(watch.Error):
+			var st metav1.Status
+			if err := json.Unmarshal(ev.Object, &st); err != nil {
+				return seq, err
+			}
+			seq = append(seq, fmt.Sprintf("ERROR %d %s", st.Code, st.Reason))
+			continue
+		}
+		var obj metav1.PartialObjectMetadata
+		if err := json.Unmarshal(ev.Object, &obj); err != nil {
+			return seq, err
+		}
+		rv, err := strconv.ParseUint(obj.ResourceVersion, 10, 64)
+		if err != nil {
+			return seq, fmt.Errorf("%s %s/%s: resourceVersion %q: %w", ev.Type, obj.Namespace, obj.Name, obj.ResourceVersion, err)
+		}
+		if rv <= upTo {
+			seq = append(seq, fmt.Sprintf("%s %s %s/%s", ev.Type, obj.Kind, obj.Namespace, obj.Name))
 		}
 	}
 }

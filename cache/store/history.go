@@ -18,13 +18,14 @@ import (
 // The window holds the events the Store applied after its last Replace,
 // oldest first, bounded in count and in bytes. floor is the highest
 // resourceVersion whose successors are all in the window: a watch from
-// an RV ≥ floor gets exactly the events after it; a watch from an older RV
-// gets 410 Gone, as kube-apiserver answers once its window has moved on.
+// an RV ≥ floor gets exactly the events after it; the window cannot serve
+// a watch from an older RV (WatchFrom's ok false), which the cache hands
+// to kube-apiserver, which may still serve it or answers 410 Gone.
 // A Replace (the Store's watch broke and it relisted) starts a new epoch:
 // the window restarts empty at the list's RV and watches of the old epoch
 // end, as kube-apiserver's cacher ends its watchers when it relists; their
-// clients watch again from their last RV, and get 410 if that is before
-// the new floor.
+// clients watch again from their last RV, which is before the new floor
+// unless nothing changed.
 //
 // An RV that goes back (a list or an event older than the Store's RV: the
 // upstream's etcd was restored from a backup) also starts a new epoch,
@@ -227,7 +228,7 @@ const (
 
 // WatchFrom returns a cursor at the first event after rv, or ok false
 // and the window's floor if the window no longer holds every event after
-// rv (kube-apiserver's 410 Gone). The Store must be synced.
+// rv (a watch it cannot serve). The Store must be synced.
 func (s *Store) WatchFrom(rv uint64) (c Cursor, floor uint64, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
