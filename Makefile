@@ -96,9 +96,18 @@ vet:
 	$(GO) -C hack/alerttest vet ./...
 	$(GO) -C hack/alerttest test -count=1 ./...
 
+# Each component under manifests/components renders in an overlay of the
+# shipped manifests, as an operator's would use it (kustomize refuses an
+# overlay inside its base's directory, so the overlay is a temporary one
+# beside it).
 verify-manifests:
 	kubectl kustomize manifests/ >/dev/null
 	kubectl kustomize manifests/monitoring/ >/dev/null
+	@set -e; d=$$(mktemp -d _output.components.XXXXXX); trap 'rm -rf "$$d"' EXIT; \
+	for c in manifests/components/*/; do \
+	  printf 'resources: [../manifests]\ncomponents: [../%s]\n' "$$c" >"$$d/kustomization.yaml"; \
+	  kubectl kustomize "$$d" >/dev/null || { echo "$$c does not render"; exit 1; }; \
+	done
 	@echo "manifests render"
 
 # The README's flag and configuration references, generated from the code

@@ -75,9 +75,9 @@ type Config struct {
 	// requested from (CSR spec.signerName). Empty means
 	// identity.DefaultSignerName, kubernetes.io/kubelet-serving. Another
 	// signer (cert-manager's clusterissuers.cert-manager.io/<name>, a
-	// platform's own) must issue from a CA the pods' CA bundle trusts, and
-	// the approver must be configured for the same name. Unused with
-	// TLSCertFile.
+	// platform's own such as EKS's beta.eks.amazonaws.com/app-serving)
+	// must issue from a CA the pods' CA bundle trusts, and the approver
+	// must be configured for the same name. Unused with TLSCertFile.
 	SignerName string
 
 	// IPTablesBackend is "auto", "legacy" or "nft": which iptables the

@@ -167,17 +167,16 @@ func (p *Policy) Decide(csr *certificatesv1.CertificateSigningRequest) Decision 
 	if err := p.checkSANs(req); err != nil {
 		return deny(ReasonWrongSANs, "%v", err)
 	}
-	var want sets.Set[certificatesv1.KeyUsage]
-	switch req.PublicKey.(type) {
-	case *ecdsa.PublicKey:
-		want = sets.New(certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth)
-	case *rsa.PublicKey:
-		want = sets.New(certificatesv1.UsageDigitalSignature, certificatesv1.UsageKeyEncipherment, certificatesv1.UsageServerAuth)
-	default:
-		return deny(ReasonUnsupportedKey, "key type %T is not ECDSA or RSA", req.PublicKey)
+	wants, err := p.servingUsages(req.PublicKey)
+	if err != nil {
+		return deny(ReasonUnsupportedKey, "%v", err)
 	}
-	if got := sets.New(spec.Usages...); len(got) != len(spec.Usages) || !got.Equal(want) {
-		return deny(ReasonWrongUsages, "usages %q must be exactly %q", spec.Usages, sets.List(want))
+	if got := sets.New(spec.Usages...); len(got) != len(spec.Usages) || !slices.ContainsFunc(wants, got.Equal) {
+		allowed := make([]string, len(wants))
+		for i, w := range wants {
+			allowed[i] = fmt.Sprintf("%q", sets.List(w))
+		}
+		return deny(ReasonWrongUsages, "usages %q must be exactly %s", spec.Usages, strings.Join(allowed, " or "))
 	}
 	if p.MaxLifetime > 0 {
 		if spec.ExpirationSeconds == nil {
@@ -189,6 +188,29 @@ func (p *Policy) Decide(csr *certificatesv1.CertificateSigningRequest) Decision 
 	}
 	return Decision{Approve: true, Reason: ReasonApproved,
 		Message: fmt.Sprintf("kube-apicache serving certificate for node %s", node)}
+}
+
+// servingUsages returns the sets of usages an agent CSR for p's signer
+// with key pub may ask for: a serving certificate's, never client auth.
+// An ECDSA key asks for what identity.RequestUsages gives for the signer;
+// for a signer other than kubelet-serving, digital signature and server
+// auth alone are accepted too, as agents of earlier releases asked for
+// them whatever the signer (an approver upgraded first still approves
+// their renewals). An RSA key needs key encipherment as well.
+func (p *Policy) servingUsages(pub any) ([]sets.Set[certificatesv1.KeyUsage], error) {
+	ecdsaOnly := sets.New(certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth)
+	withEncipherment := sets.New(certificatesv1.UsageDigitalSignature, certificatesv1.UsageKeyEncipherment, certificatesv1.UsageServerAuth)
+	switch pub.(type) {
+	case *ecdsa.PublicKey:
+		if p.Signer() == identity.DefaultSignerName {
+			return []sets.Set[certificatesv1.KeyUsage]{ecdsaOnly}, nil
+		}
+		return []sets.Set[certificatesv1.KeyUsage]{withEncipherment, ecdsaOnly}, nil
+	case *rsa.PublicKey:
+		return []sets.Set[certificatesv1.KeyUsage]{withEncipherment}, nil
+	default:
+		return nil, fmt.Errorf("key type %T is not ECDSA or RSA", pub)
+	}
 }
 
 // serviceAccountGroups returns the groups kube-apiserver gives the

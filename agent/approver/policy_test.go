@@ -533,3 +533,140 @@ func TestOwns(t *testing.T) {
 		})
 	}
 }
+
+// eksSigner is Amazon EKS's signer for workloads' serving certificates: any
+// subject and SANs, key encipherment, digital signature and server auth, a
+// year whatever is asked. Whoever may create CSRs may ask it for anything,
+// so the approver is the only thing between a tenant and a certificate for
+// the kubernetes Service's names.
+const eksSigner = "beta.eks.amazonaws.com/app-serving"
+
+// TestEKSSigner: configured for EKS's app-serving signer, the approver
+// approves the agent's request (with the usages the agent asks that signer
+// for, or those of earlier releases) and nothing else that names the
+// kubernetes Service: not another requester, not other SANs, not another
+// subject, not client auth. A tenant's CSR for its own names is left
+// alone.
+func TestEKSSigner(t *testing.T) {
+	p := testPolicy()
+	p.SignerName = eksSigner
+	tenant := "system:serviceaccount:tenant:app"
+	asTenant := func(c *certificatesv1.CertificateSigningRequest) {
+		c.Spec.Username = tenant
+		c.Spec.Groups = []string{"system:serviceaccounts", "system:serviceaccounts:tenant", "system:authenticated"}
+	}
+	tests := []struct {
+		name string
+		edit func(tmpl *x509.CertificateRequest, csr *certificatesv1.CertificateSigningRequest)
+		// wantOwns is whether the approver decides the CSR at all;
+		// wantReason is empty for approval.
+		wantOwns   bool
+		wantReason string
+	}{{
+		name:     "agent's request",
+		wantOwns: true,
+	}, {
+		// What agents of earlier releases asked every signer for.
+		name: "agent's request without key encipherment",
+		edit: func(_ *x509.CertificateRequest, c *certificatesv1.CertificateSigningRequest) {
+			c.Spec.Usages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
+		},
+		wantOwns: true,
+	}, {
+		name: "agent's request with client auth",
+		edit: func(_ *x509.CertificateRequest, c *certificatesv1.CertificateSigningRequest) {
+			c.Spec.Usages = append(c.Spec.Usages, certificatesv1.UsageClientAuth)
+		},
+		wantOwns: true, wantReason: ReasonWrongUsages,
+	}, {
+		// A tenant who can create CSRs asks for the agent's very request.
+		name:     "tenant asking for the Service names",
+		edit:     func(_ *x509.CertificateRequest, c *certificatesv1.CertificateSigningRequest) { asTenant(c) },
+		wantOwns: true, wantReason: ReasonWrongRequester,
+	}, {
+		name: "tenant asking for the VIP alone",
+		edit: func(r *x509.CertificateRequest, c *certificatesv1.CertificateSigningRequest) {
+			asTenant(c)
+			r.Subject = pkix.Name{CommonName: "app"}
+			r.DNSNames = nil
+			r.IPAddresses = []net.IP{net.ParseIP("10.96.0.1")}
+		},
+		wantOwns: true, wantReason: ReasonWrongRequester,
+	}, {
+		name: "tenant asking for a wildcard covering the Service",
+		edit: func(r *x509.CertificateRequest, c *certificatesv1.CertificateSigningRequest) {
+			asTenant(c)
+			r.Subject = pkix.Name{CommonName: "app"}
+			r.DNSNames = []string{"*.default.svc"}
+			r.IPAddresses = nil
+		},
+		wantOwns: true, wantReason: ReasonWrongRequester,
+	}, {
+		// A user named like the agent but not authenticated as a
+		// ServiceAccount.
+		name: "agent's name without the ServiceAccount groups",
+		edit: func(_ *x509.CertificateRequest, c *certificatesv1.CertificateSigningRequest) {
+			c.Spec.Groups = []string{"system:authenticated"}
+		},
+		wantOwns: true, wantReason: ReasonWrongRequester,
+	}, {
+		name: "agent's request with an extra name",
+		edit: func(r *x509.CertificateRequest, _ *certificatesv1.CertificateSigningRequest) {
+			r.DNSNames = append(r.DNSNames, "evil.example.com")
+		},
+		wantOwns: true, wantReason: ReasonWrongSANs,
+	}, {
+		name: "agent's request missing a name",
+		edit: func(r *x509.CertificateRequest, _ *certificatesv1.CertificateSigningRequest) {
+			r.DNSNames = r.DNSNames[1:]
+		},
+		wantOwns: true, wantReason: ReasonWrongSANs,
+	}, {
+		// The signer takes any subject; the approver does not.
+		name: "agent's request with another subject",
+		edit: func(r *x509.CertificateRequest, _ *certificatesv1.CertificateSigningRequest) {
+			r.Subject = pkix.Name{CommonName: "kubernetes"}
+		},
+		wantOwns: true, wantReason: ReasonWrongSubject,
+	}, {
+		// The signer ignores expirationSeconds, but the approver still
+		// holds the agents to their configuration.
+		name: "agent's request above the maximum lifetime",
+		edit: func(_ *x509.CertificateRequest, c *certificatesv1.CertificateSigningRequest) {
+			c.Spec.ExpirationSeconds = ptr.To[int32](365 * 24 * 3600)
+		},
+		wantOwns: true, wantReason: ReasonWrongLifetime,
+	}, {
+		// A tenant's certificate for its own Service is not the
+		// approver's to decide.
+		name: "tenant asking for its own names",
+		edit: func(r *x509.CertificateRequest, c *certificatesv1.CertificateSigningRequest) {
+			asTenant(c)
+			r.Subject = pkix.Name{CommonName: "app.tenant.svc"}
+			r.DNSNames = []string{"app.tenant.svc", "app.tenant.svc.cluster.local"}
+			r.IPAddresses = []net.IP{net.ParseIP("10.96.14.2")}
+		},
+		wantOwns: false, wantReason: ReasonWrongRequester,
+	}}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tmpl, csr := good()
+			csr.Spec.SignerName = eksSigner
+			csr.Spec.Usages = identity.RequestUsages(eksSigner)
+			if tc.edit != nil {
+				tc.edit(tmpl, csr)
+			}
+			csr.Spec.Request = encode(t, tmpl, ecKey)
+			if got := p.Owns(csr); got != tc.wantOwns {
+				t.Errorf("Owns = %v, want %v", got, tc.wantOwns)
+			}
+			d := p.Decide(csr)
+			switch {
+			case tc.wantReason == "" && (!d.Approve || d.Reason != ReasonApproved):
+				t.Errorf("Decide = %+v, want approval", d)
+			case tc.wantReason != "" && (d.Approve || d.Reason != tc.wantReason):
+				t.Errorf("Decide = %+v, want denial %s", d, tc.wantReason)
+			}
+		})
+	}
+}

@@ -27,7 +27,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/certificate"
 	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/keyutil"
 	"k8s.io/klog/v2"
@@ -81,7 +80,8 @@ var _ Source = (*CSRSource)(nil)
 type CSRSource struct {
 	// Fixed at construction.
 	opts      Options
-	signer    string // Options.SignerName, defaulted
+	signer    string                    // Options.SignerName, defaulted
+	usages    []certificatesv1.KeyUsage // RequestUsages(signer)
 	template  *x509.CertificateRequest
 	hash      string // of the request template
 	lifetime  time.Duration
@@ -154,11 +154,12 @@ func NewCSRSource(o Options, lifetime time.Duration, clientset func() (kubernete
 	// approver checks exactly this. A custom signer must therefore accept
 	// (and copy into the certificate) the subject CN=system:node:<node>,
 	// O=system:nodes, the DNS names and IPs of the kubernetes Service and
-	// the agent's listen addresses, an ECDSA P-256 key and the usages
-	// digital signature and server auth; it should honour
-	// spec.expirationSeconds (or issue for less: renewal follows the
-	// issued certificate's lifetime), and it must issue from a CA the
-	// pods' CA bundle trusts, or the agent never intercepts.
+	// the agent's listen addresses, an ECDSA P-256 key and the usages of
+	// RequestUsages; it must issue from a CA the pods' CA bundle trusts,
+	// or the agent never intercepts. It may issue for another lifetime
+	// than spec.expirationSeconds asks (EKS's app-serving signer issues
+	// for one year whatever is asked): renewal follows the issued
+	// certificate's own validity.
 	tmpl := &x509.CertificateRequest{
 		Subject:     pkix.Name{CommonName: NodeCommonName(o.NodeName), Organization: []string{NodesOrganization}},
 		DNSNames:    o.SANs.DNSNames,
@@ -168,6 +169,7 @@ func NewCSRSource(o Options, lifetime time.Duration, clientset func() (kubernete
 		opts:           o,
 		signer:         signer,
 		template:       tmpl,
+		usages:         RequestUsages(signer),
 		hash:           templateOf(tmpl, signer, lifetime).hash(),
 		lifetime:       lifetime,
 		clientset:      clientset,
@@ -182,8 +184,8 @@ func NewCSRSource(o Options, lifetime time.Duration, clientset func() (kubernete
 	}, nil
 }
 
-// templateOf describes the requests made from tmpl to signer: ECDSA keys,
-// so the serving usages without key encipherment.
+// templateOf describes the requests made from tmpl to signer: ECDSA keys
+// and RequestUsages(signer).
 func templateOf(tmpl *x509.CertificateRequest, signer string, lifetime time.Duration) requestTemplate {
 	t := requestTemplate{
 		Signer:      signer,
@@ -195,14 +197,11 @@ func templateOf(tmpl *x509.CertificateRequest, signer string, lifetime time.Dura
 	for _, ip := range tmpl.IPAddresses {
 		t.IPs = append(t.IPs, ip.String())
 	}
-	for _, u := range servingUsages {
+	for _, u := range RequestUsages(signer) {
 		t.Usages = append(t.Usages, string(u))
 	}
 	return t
 }
-
-// servingUsages are the usages of a serving certificate for an ECDSA key.
-var servingUsages = []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
 
 func (s *CSRSource) collectors() []prometheus.Collector {
 	return []prometheus.Collector{s.renewals}
@@ -352,8 +351,11 @@ func (s *CSRSource) attempt(ctx context.Context) attemptResult {
 	case attemptIssued:
 		s.renewals.WithLabelValues("issued").Inc()
 		if c := s.store.get(); c != nil {
+			// The lifetime is the signer's to choose (EKS's app-serving
+			// issues for a year whatever is asked); renewAt follows it.
 			logger.Info("Serving certificate issued", "signer", s.signer, "serial", c.Leaf.SerialNumber.String(),
-				"notAfter", c.Leaf.NotAfter.UTC().Format(time.RFC3339), "renewAt", s.renewAt().UTC().Format(time.RFC3339))
+				"notAfter", c.Leaf.NotAfter.UTC().Format(time.RFC3339), "renewAt", s.renewAt().UTC().Format(time.RFC3339),
+				"lifetime", c.Leaf.NotAfter.Sub(c.Leaf.NotBefore).String(), "requestedLifetime", s.lifetime.String())
 		}
 	}
 	return res
@@ -465,8 +467,7 @@ func (s *CSRSource) send(ctx context.Context, client kubernetes.Interface) (*pen
 		p.csrPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der})
 	}
 	lifetime := s.lifetime
-	name, uid, err := csr.RequestCertificateWithContext(ctx, client, p.csrPEM, p.Name, s.signer, &lifetime,
-		certificate.DefaultKubeletServingGetUsages(p.key), p.key)
+	name, uid, err := csr.RequestCertificateWithContext(ctx, client, p.csrPEM, p.Name, s.signer, &lifetime, s.usages, p.key)
 	if err != nil {
 		return nil, err
 	}
@@ -538,7 +539,9 @@ func parsePair(certPEM, keyPEM []byte) (*tls.Certificate, error) {
 
 // rotationDeadline is a random point at 70-90% of leaf's lifetime, as
 // client-go's certificate manager picks it, so a fleet issued at once
-// does not renew at once.
+// does not renew at once. The lifetime is the issued certificate's
+// (NotBefore to NotAfter), not the one the CSR asked for: a signer may
+// ignore spec.expirationSeconds or cap it.
 func rotationDeadline(leaf *x509.Certificate) time.Time {
 	total := leaf.NotAfter.Sub(leaf.NotBefore)
 	return leaf.NotBefore.Add(time.Duration(float64(total) * (0.7 + 0.2*mathrand.Float64())))

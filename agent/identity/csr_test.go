@@ -48,6 +48,10 @@ type signingClient struct {
 	createErr atomic.Bool
 	// creates counts create calls, failed ones included.
 	creates atomic.Int32
+	// issueFor, if not zero, is the lifetime of the certificates issued
+	// (a time.Duration), whatever the CSR asks for, as a signer that sets
+	// the lifetime itself does.
+	issueFor atomic.Int64
 
 	mu   sync.Mutex // protects the fields below
 	csrs []*certificatesv1.CertificateSigningRequest
@@ -86,6 +90,9 @@ func newSigningClient(t *testing.T, ca *testCA) *signingClient {
 			return true, nil, err
 		}
 		life := time.Duration(*csr.Spec.ExpirationSeconds) * time.Second
+		if d := c.issueFor.Load(); d != 0 {
+			life = time.Duration(d)
+		}
 		tmpl := &x509.Certificate{
 			SerialNumber: big.NewInt(serial.Add(1)), Subject: req.Subject,
 			DNSNames: req.DNSNames, IPAddresses: req.IPAddresses,
@@ -602,5 +609,80 @@ func TestCSRSourceDenialRemembered(t *testing.T) {
 	waitFor(t, "a certificate for the new lifetime", func() bool { return s3.Ready() == nil })
 	if n := client.creates.Load(); n != 2 {
 		t.Errorf("sent %d CSRs, want 2", n)
+	}
+}
+
+// TestCSRSourceIssuedLifetime: the signer, not the CSR, has the last word
+// on the lifetime. Whatever the certificate's lifetime, the source serves
+// it and renews at 70-90% of the lifetime it was issued for (NotBefore to
+// NotAfter), not of the one it asked for.
+func TestCSRSourceIssuedLifetime(t *testing.T) {
+	const year = 365 * 24 * time.Hour
+	tests := []struct {
+		name   string
+		signer string
+		// asked is the lifetime the source asks for, issued the one the
+		// signer grants.
+		asked, issued time.Duration
+	}{
+		// EKS's beta.eks.amazonaws.com/app-serving ignores
+		// expirationSeconds and issues for one year.
+		{"one year when a day was asked", "beta.eks.amazonaws.com/app-serving", 24 * time.Hour, year},
+		// A signer whose maximum is below the lifetime asked for.
+		{"shorter than asked", DefaultSignerName, 24 * time.Hour, time.Hour},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			ca, caFile := caBundle(t)
+			client := newSigningClient(t, ca)
+			client.issueFor.Store(int64(tc.issued))
+			s, err := NewCSRSource(Options{NodeName: "node-a", SANs: testSANs(), CAFile: caFile, SignerName: tc.signer}, tc.asked,
+				func() (kubernetes.Interface, error) { return client, nil })
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(s)
+			defer stop()
+			waitFor(t, "the certificate", func() bool { return s.Ready() == nil })
+
+			sent := client.sent()
+			if len(sent) != 1 {
+				t.Fatalf("sent %d CSRs, want 1", len(sent))
+			}
+			if got := int64(*sent[0].Spec.ExpirationSeconds); got != int64(tc.asked/time.Second) {
+				t.Errorf("expirationSeconds = %d, want %d", got, int64(tc.asked/time.Second))
+			}
+			if got := sent[0].Spec.Usages; !slices.Equal(got, RequestUsages(tc.signer)) {
+				t.Errorf("usages = %q, want %q", got, RequestUsages(tc.signer))
+			}
+			leaf := s.Current().Leaf
+			total := leaf.NotAfter.Sub(leaf.NotBefore)
+			earliest := leaf.NotBefore.Add(time.Duration(float64(total) * 0.7))
+			latest := leaf.NotBefore.Add(time.Duration(float64(total) * 0.9))
+			if at := s.renewAt(); at.Before(earliest) || at.After(latest) {
+				t.Errorf("renewal at %s; want between %s and %s (70-90%% of the issued %s, not of the %s asked)",
+					at.Format(time.RFC3339), earliest.Format(time.RFC3339), latest.Format(time.RFC3339), total, tc.asked)
+			}
+			// No renewal is due: the source keeps the certificate.
+			time.Sleep(100 * time.Millisecond)
+			if n := client.creates.Load(); n != 1 || s.Ready() != nil {
+				t.Errorf("after the certificate was issued: %d CSRs sent, Ready %v; want 1 and nil", n, s.Ready())
+			}
+		})
+	}
+}
+
+// TestRotationDeadline: the deadline is 70-90% into the certificate's own
+// validity, for a year-long certificate as for a ten-minute one.
+func TestRotationDeadline(t *testing.T) {
+	notBefore := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, life := range []time.Duration{10 * time.Minute, 24 * time.Hour, 365 * 24 * time.Hour} {
+		leaf := &x509.Certificate{NotBefore: notBefore, NotAfter: notBefore.Add(life)}
+		for range 100 {
+			got := rotationDeadline(leaf).Sub(notBefore)
+			if got < time.Duration(float64(life)*0.7) || got > time.Duration(float64(life)*0.9) {
+				t.Fatalf("lifetime %s: deadline %s after NotBefore, want 70-90%%", life, got)
+			}
+		}
 	}
 }

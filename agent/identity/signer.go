@@ -72,6 +72,22 @@ func ValidateSignerName(name string) error {
 	return nil
 }
 
+// RequestUsages returns the key usages the agent's CSRs for signer ask
+// for, its keys being ECDSA. For kubernetes.io/kubelet-serving, digital
+// signature and server auth: one of the two sets that signer accepts, and
+// the one the kubelet asks for with an ECDSA key. For any other signer,
+// key encipherment, digital signature and server auth, the set every
+// serving signer takes: Amazon EKS's beta.eks.amazonaws.com/app-serving
+// accepts these and no others. Never client auth, whatever the signer: a
+// certificate for the kubernetes Service's names must not also
+// authenticate its holder to kube-apiserver.
+func RequestUsages(signer string) []certificatesv1.KeyUsage {
+	if signer == DefaultSignerName {
+		return []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
+	}
+	return []certificatesv1.KeyUsage{certificatesv1.UsageKeyEncipherment, certificatesv1.UsageDigitalSignature, certificatesv1.UsageServerAuth}
+}
+
 // signerName returns o.SignerName, or DefaultSignerName if it is empty.
 func (o *Options) signerName() string {
 	if o.SignerName != "" {

@@ -1,8 +1,11 @@
 package identity
 
 import (
+	"slices"
 	"strings"
 	"testing"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
 )
 
 func TestValidateSignerName(t *testing.T) {
@@ -53,5 +56,30 @@ func TestValidateSignerName(t *testing.T) {
 				t.Errorf("ValidateSignerName(%q) = %v, want an error containing %q", tc.signer, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestRequestUsages: the usages each signer accepts, never client auth.
+func TestRequestUsages(t *testing.T) {
+	ds, ke, sa := certificatesv1.UsageDigitalSignature, certificatesv1.UsageKeyEncipherment, certificatesv1.UsageServerAuth
+	tests := []struct {
+		signer string
+		want   []certificatesv1.KeyUsage
+	}{
+		// What the kubelet asks for with an ECDSA key, and what the
+		// approver has always required for that signer.
+		{"kubernetes.io/kubelet-serving", []certificatesv1.KeyUsage{ds, sa}},
+		// EKS's app-serving signer: these three, no client auth.
+		{"beta.eks.amazonaws.com/app-serving", []certificatesv1.KeyUsage{ke, ds, sa}},
+		{"clusterissuers.cert-manager.io/kube-apicache", []certificatesv1.KeyUsage{ke, ds, sa}},
+	}
+	for _, tc := range tests {
+		got := RequestUsages(tc.signer)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("RequestUsages(%q) = %q, want %q", tc.signer, got, tc.want)
+		}
+		if slices.Contains(got, certificatesv1.UsageClientAuth) {
+			t.Errorf("RequestUsages(%q) asks for client auth", tc.signer)
+		}
 	}
 }

@@ -46,9 +46,11 @@ type Options struct {
 	StateDir string
 	// SignerName, for the CSR source only, is the signer named in the
 	// CSRs (spec.signerName); empty means DefaultSignerName. Whatever the
-	// signer, the request is the one the kubelet-serving signer requires
-	// (see NewCSRSource), and the certificate it issues is served only
-	// once it verifies against CAFile.
+	// signer, the subject, names and key are those the kubelet-serving
+	// signer requires (see NewCSRSource), the usages are
+	// RequestUsages(SignerName), and the certificate it issues is served
+	// only once it verifies against CAFile, for whatever lifetime the
+	// signer chose.
 	SignerName string
 }
 

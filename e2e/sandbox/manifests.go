@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -74,6 +75,43 @@ func (c *Cluster) applyRBACObject(ctx context.Context, obj runtime.Object) error
 		return nil
 	}
 	return err
+}
+
+// RenderComponent renders the shipped manifests with the kustomize
+// component manifests/components/<name>, as an operator's overlay would
+// (kustomize refuses an overlay inside its base's directory: the overlay
+// is written to dir, and names the base by a relative path), with the
+// machine's kubectl ($KUBECTL, or kubectl), and returns the objects.
+func RenderComponent(ctx context.Context, dir, name string) ([]runtime.Object, error) {
+	manifests := filepath.Join(RepoRoot(), "manifests")
+	base, err := filepath.Rel(dir, manifests)
+	if err != nil {
+		return nil, err
+	}
+	component, err := filepath.Rel(dir, filepath.Join(manifests, "components", name))
+	if err != nil {
+		return nil, err
+	}
+	k := fmt.Sprintf("resources: [%s]\ncomponents: [%s]\n", base, component)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		return nil, err
+	}
+	bin := os.Getenv("KUBECTL")
+	if bin == "" {
+		bin = "kubectl"
+	}
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, bin, "kustomize", dir)
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("kubectl kustomize with component %s: %w\n%s", name, err, stderr.String())
+	}
+	rendered := filepath.Join(dir, "rendered.yaml")
+	if err := os.WriteFile(rendered, out, 0o644); err != nil {
+		return nil, err
+	}
+	return decodeManifest(rendered)
 }
 
 // decodeManifest decodes every document of a multi-document YAML file into
