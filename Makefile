@@ -99,6 +99,9 @@ vet:
 verify-manifests:
 	kubectl kustomize manifests/ >/dev/null
 	kubectl kustomize manifests/monitoring/ >/dev/null
+	@d=$$(mktemp -d) && rel=$$(realpath --relative-to=$$d $(CURDIR)/manifests) && \
+		printf 'resources:\n- %s\ncomponents:\n- %s/components/cilium-local-redirect\n' $$rel $$rel > $$d/kustomization.yaml && \
+		kubectl kustomize $$d >/dev/null; rc=$$?; rm -r $$d; exit $$rc
 	@echo "manifests render"
 
 # The README's flag and configuration references, generated from the code
