@@ -300,9 +300,10 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 	}
 	defer a.audit.Shutdown()
 	// One listener per family, on the address that family's VIPs are
-	// redirected to.
+	// redirected to (with the external dataplane, on every address of the
+	// agent's network namespace: BindAddresses).
 	var ls []net.Listener
-	for _, ap := range a.cfg.ListenAddresses() {
+	for _, ap := range a.cfg.BindAddresses() {
 		l, err := serving.Listen(ctx, ap.String())
 		if err != nil {
 			return err
@@ -383,8 +384,17 @@ const listenerLinger = 500 * time.Millisecond
 // stays until the server has stopped; it stays for good if the jumps could
 // not be removed (a redirect to a missing address would black-hole
 // traffic), or if a successor has installed its redirect meanwhile.
+//
+// With the external dataplane there is no redirect of the agent's own to
+// remove: Stop turns the agent not ready, and it keeps serving for
+// ExternalDrainDelay, while the kubelet's probe and the redirect's owner
+// take it out of the redirect, before the same graceful close.
 func (a *Agent) shutdown(logger klog.Logger) {
 	removed := a.icpt.Stop(logger)
+	if a.cfg.External() {
+		logger.Info("Not ready; serving until the external redirect has left this agent", "delay", a.cfg.ExternalDrainDelay)
+		time.Sleep(a.cfg.ExternalDrainDelay)
+	}
 	// Connections redirected just before the entries went may still sit
 	// in the listener's accept queue, their clients waiting for the TLS
 	// handshake: closing the listener now would reset them. They are

@@ -106,6 +106,13 @@ type Config struct {
 	// ShutdownGracePeriod bounds how long in-flight requests and watches
 	// may run after the redirect is removed on shutdown.
 	ShutdownGracePeriod time.Duration
+	// ExternalDrainDelay is, with the external dataplane, how long the
+	// agent keeps serving at shutdown after it turned not ready, before
+	// it closes its listeners: the time the kubelet's readiness probe and
+	// the redirect's owner (a Cilium Local Redirect Policy) take to send
+	// the Service elsewhere. Unused with a dataplane of the agent's own,
+	// which removes its redirect itself.
+	ExternalDrainDelay time.Duration
 
 	// Limits bound what clients can make the agent hold (package serving).
 	Limits serving.Limits
@@ -204,7 +211,12 @@ const (
 	DefaultBypassDuration       = 10 * time.Minute
 	DefaultMetricsBindAddress   = "127.0.0.1:10445"
 	DefaultShutdownGracePeriod  = 30 * time.Second
-	DefaultCacheWarmupTimeout   = 30 * time.Second
+	// DefaultExternalDrainDelay covers a readiness probe every second
+	// that fails once, the kubelet's status update and the redirect
+	// owner's reaction to the pod's Ready condition (Cilium batches its
+	// Local Redirect Policy work by 100ms), with room to spare.
+	DefaultExternalDrainDelay = 5 * time.Second
+	DefaultCacheWarmupTimeout = 30 * time.Second
 	// DefaultDegradedDecisionTTL bounds how long a revoked RoleBinding
 	// (or a deleted pod's token) may still be honoured for cached reads
 	// during an outage of every kube-apiserver.
@@ -279,8 +291,10 @@ func (c *Config) Validate() error {
 		return errors.New("--fail-open-set must be 1-30 characters without spaces or quotes")
 	case c.LivenessTimeout < time.Second || c.LivenessTimeout > time.Hour:
 		return errors.New("--fail-open-timeout must be between 1s and 1h: the kernel counts whole seconds")
-	case c.Dataplane != "" && c.Dataplane != interception.DataplaneAuto && c.Dataplane != interception.DataplaneIPTables && c.Dataplane != interception.DataplaneNFTables:
-		return fmt.Errorf("--dataplane %q must be auto, iptables or nftables", c.Dataplane)
+	case c.Dataplane != "" && c.Dataplane != interception.DataplaneAuto && c.Dataplane != interception.DataplaneIPTables && c.Dataplane != interception.DataplaneNFTables && c.Dataplane != interception.DataplaneExternal:
+		return fmt.Errorf("--dataplane %q must be auto, iptables, nftables or external", c.Dataplane)
+	case c.ExternalDrainDelay < 0 || c.ExternalDrainDelay > 5*time.Minute:
+		return errors.New("--external-drain-delay must be between 0 and 5m")
 	case c.NFTablesPriority != 0 && (c.NFTablesPriority < -199 || c.NFTablesPriority >= netrules.NFTPriorityDstNAT):
 		return fmt.Errorf("--nftables-priority %d must be in [-199, -101]: after conntrack (-200), and strictly before dstnat (-100), where kube-proxy's nat chains run (at the same priority the order is undefined)", c.NFTablesPriority)
 	case c.NFTablesTable != "" && !validNFTName(c.NFTablesTable):

@@ -51,7 +51,8 @@ type Config struct {
 	// Chain is the nat chain the agent owns.
 	Chain string
 	// Dataplane is "auto", "iptables" or "nftables": which backend holds
-	// the redirect (resolveDataplane). NFTablesTable and NFTablesPriority
+	// the redirect (resolveDataplane); or "external": another component
+	// redirects the VIP to the agent, which programs nothing (external.go). NFTablesTable and NFTablesPriority
 	// name the nftables dataplane's table and its base chains' priority
 	// (zero values: the defaults).
 	Dataplane        string

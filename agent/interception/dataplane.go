@@ -34,10 +34,12 @@ type Kernel struct {
 // agent is healthy, and rules (an iptables chain, or a table of its own in
 // nftables) whose DNAT to the listen address matches that set.
 type dataplane struct {
-	family netrules.Family
-	vips   []netip.Addr
-	listen netip.AddrPort
-	addr   *netrules.LocalAddress
+	// backend is DataplaneIPTables or DataplaneNFTables.
+	backend string
+	family  netrules.Family
+	vips    []netip.Addr
+	listen  netip.AddrPort
+	addr    *netrules.LocalAddress
 	// rules are the redirect's rules and sets in the dataplane backend
 	// that runs; set and the optional sets below live there.
 	rules redirectRules
@@ -102,6 +104,9 @@ const (
 	DataplaneAuto     = "auto"
 	DataplaneIPTables = "iptables"
 	DataplaneNFTables = "nftables"
+	// DataplaneExternal programs nothing: another component redirects
+	// the VIP to the agent (external.go).
+	DataplaneExternal = "external"
 )
 
 // kubeProxyNFTTable is the table kube-proxy's nftables mode owns, in the
@@ -122,9 +127,11 @@ func resolveDataplane(want string, k Kernel) (string, string, error) {
 			return "", "", errors.New("--dataplane=nftables: nftables is not available on this node")
 		}
 		return DataplaneNFTables, "--dataplane=nftables", nil
+	case DataplaneExternal:
+		return DataplaneExternal, "--dataplane=external", nil
 	case DataplaneAuto, "":
 	default:
-		return "", "", fmt.Errorf("--dataplane %q must be auto, iptables or nftables", want)
+		return "", "", fmt.Errorf("--dataplane %q must be auto, iptables, nftables or external", want)
 	}
 	if k.NFTables == nil {
 		return DataplaneIPTables, "auto: nftables is not available", nil
@@ -163,9 +170,10 @@ func newDataplanes(cfg *Config, backend string, k Kernel) ([]*dataplane, error) 
 			return nil, fmt.Errorf("no %s listen address for the %s Service VIPs", familyName(f), familyName(f))
 		}
 		d := &dataplane{
-			family: f,
-			vips:   slices.Clone(vips),
-			listen: listen,
+			backend: backend,
+			family:  f,
+			vips:    slices.Clone(vips),
+			listen:  listen,
 			// Both families share the link; each keeps its own address.
 			addr: netrules.NewLocalAddress(k.Netlink, cfg.ListenLink, listen.Addr()),
 		}
@@ -231,6 +239,10 @@ func (d *dataplane) remove() error {
 // with that one (an upgrade, a changed --dataplane) left them, to be
 // removed: never two redirects.
 func (ic *Interceptor) buildDataplanes(k Kernel) error {
+	if ic.cfg.external() {
+		ic.buildExternal(k)
+		return nil
+	}
 	var err error
 	if ic.dataplane, ic.dataplaneReason, err = resolveDataplane(ic.cfg.Dataplane, k); err != nil {
 		return err
@@ -272,16 +284,16 @@ func (ic *Interceptor) removeOthers(logger klog.Logger) {
 	for _, d := range ic.others {
 		present, err := d.rules.present()
 		if err != nil {
-			logger.V(2).Info("Looking for a redirect of the other dataplane", "dataplane", otherDataplane(ic.dataplane), "err", err)
+			logger.V(2).Info("Looking for a redirect of the other dataplane", "dataplane", d.backend, "err", err)
 			continue
 		}
 		if !present {
 			continue
 		}
-		logger.Info("Removing the redirect of the other dataplane", "dataplane", otherDataplane(ic.dataplane), "family", d.family.String())
+		logger.Info("Removing the redirect of the other dataplane", "dataplane", d.backend, "family", d.family.String())
 		_ = d.set.Clear(d.vips)
 		if err := d.rules.remove(); err != nil {
-			logger.Error(err, "Removing the redirect of the other dataplane", "dataplane", otherDataplane(ic.dataplane))
+			logger.Error(err, "Removing the redirect of the other dataplane", "dataplane", d.backend)
 		}
 	}
 }

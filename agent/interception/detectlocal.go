@@ -246,6 +246,10 @@ func (l *localPods) set(key string, ips []netip.Addr) bool {
 // for the pod-path check, which sends only those pods to kube-proxy's path
 // (podpath.go), in every mode.
 func (ic *Interceptor) followsLocal() bool {
+	if ic.cfg.external() {
+		// The agent sees no pod packet before the platform's translation.
+		return false
+	}
 	return ic.cfg.DetectLocalMode == DetectLocalNodeCIDR || ic.followsLocalPods()
 }
 

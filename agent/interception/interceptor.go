@@ -143,7 +143,7 @@ func New(cfg *Config, k Kernel, deps Deps) (*Interceptor, error) {
 	}
 	ic.metrics = newInterceptionMetrics(deps.Registry)
 	deps.Registry.MustRegister(ic.switchCollector(), ic.serviceMismatchCollector())
-	if cfg.PodPathCheckInterval > 0 && k.Conntrack != nil {
+	if cfg.PodPathCheckInterval > 0 && k.Conntrack != nil && !cfg.external() {
 		ic.podPath = newPodPath(k.Conntrack, deps.Registry)
 	}
 	return ic, nil
@@ -249,6 +249,10 @@ func (ic *Interceptor) ReleaseAddresses(logger klog.Logger, removed bool) {
 			logger.Error(err, "Removing listen address", "address", d.listen.Addr())
 		}
 	}
+	if ic.cfg.external() {
+		logger.Info("Stopped; the external redirect should have left this agent when it turned not ready")
+		return
+	}
 	logger.Info("Stopped; the kubernetes Service goes straight to kube-apiserver again")
 }
 
@@ -269,6 +273,9 @@ func (ic *Interceptor) Healthy() error {
 
 // VIPs lists the Service VIPs, by family.
 func (ic *Interceptor) VIPs() []netip.Addr {
+	if ic.cfg.external() {
+		return ic.cfg.externalVIPs()
+	}
 	var out []netip.Addr
 	for _, d := range ic.planes {
 		out = append(out, d.vips...)
@@ -293,7 +300,9 @@ func (ic *Interceptor) Intercepting() error {
 // is not stuck. That is, it intercepts, or it has deliberately stepped
 // aside (an unhealthy upstream, a certificate not issued, a redirect that
 // did not take effect, a dataplane it cannot drive) and pods reach
-// kube-apiserver through kube-proxy meanwhile. Readiness must not mean
+// kube-apiserver through kube-proxy meanwhile. (With the external
+// dataplane readiness is the switch, so there it does mean intercepting:
+// external.go.) Readiness must not mean
 // "intercepting": one node where the agent rightly steps aside would
 // otherwise stop a DaemonSet rollout across every healthy node. Whether it
 // intercepts is reported apart (Intercepting, /intercepting, the
@@ -313,7 +322,13 @@ func (ic *Interceptor) Ready() error {
 	if err := ic.serviceErr(); err != nil {
 		return err
 	}
-	return ic.syncLoopStuck()
+	if err := ic.syncLoopStuck(); err != nil {
+		return err
+	}
+	if ic.cfg.external() && ic.notIntercepting != nil {
+		return fmt.Errorf("not serving as the redirect's backend: %w", ic.notIntercepting)
+	}
+	return nil
 }
 
 // syncLoopStuck says whether the run loop has not finished a sync for far
@@ -343,7 +358,11 @@ func (ic *Interceptor) syncDone() {
 	ic.decided = true
 	ic.firstSyncOnce.Do(func() { close(ic.firstSync) })
 	ic.lastSync = ic.now()
-	ic.deps.Ready.Set(1)
+	if ic.cfg.external() && ic.notIntercepting != nil {
+		ic.deps.Ready.Set(0)
+	} else {
+		ic.deps.Ready.Set(1)
+	}
 }
 
 func (ic *Interceptor) setNotIntercepting(err error) {
@@ -396,6 +415,10 @@ func (ic *Interceptor) syncAndReport(ctx context.Context) error {
 	}
 	ic.setNotIntercepting(notReady)
 	switch {
+	case notReady == nil && !wasReady && ic.cfg.external():
+		logger.Info("Serving as the node-local backend of an external redirect of the kubernetes Service", "vips", ic.cfg.ServiceVIPs,
+			"port", ic.cfg.ServicePort, "listen", ic.cfg.BindAddresses(), "upstream", ic.deps.Upstream(),
+			"dataplane", ic.dataplane, "dataplaneReason", ic.dataplaneReason)
 	case notReady == nil && !wasReady:
 		logger.Info("Intercepting the kubernetes Service", "vips", ic.cfg.ServiceVIPs, "port", ic.cfg.ServicePort,
 			"listen", ic.cfg.ListenAddresses(), "link", ic.planes[0].addr.Link(), "upstream", ic.deps.Upstream(),
@@ -435,6 +458,9 @@ func (ic *Interceptor) syncAndReport(ctx context.Context) error {
 //
 // err reports kernel state that could not be made right.
 func (ic *Interceptor) sync(ctx context.Context) (notReady, err error) {
+	if ic.cfg.external() {
+		return ic.syncExternal(ctx), nil
+	}
 	logger := klog.FromContext(ctx)
 	start := ic.now()
 	repaired := false

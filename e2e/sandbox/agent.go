@@ -174,3 +174,18 @@ const NodeIP = nodeCPAddr
 func AgentUsername() string {
 	return "system:serviceaccount:" + AgentNamespace + ":" + AgentServiceAccount
 }
+
+// NewExternalAgentPod is NewAgentPod for an agent of the external
+// dataplane: a pod of its own network namespace (not hostNetwork), as a
+// Cilium Local Redirect Policy's backend runs.
+func (c *Cluster) NewExternalAgentPod(ctx context.Context, name string) (*Pod, string, string, error) {
+	pod, err := c.NewPod(ctx, PodSpec{Name: name, Namespace: AgentNamespace, ServiceAccount: AgentServiceAccount})
+	if err != nil {
+		return nil, "", "", err
+	}
+	certFile, keyFile, err := c.agentServingCert(pod, NodeName)
+	if err != nil {
+		return nil, "", "", err
+	}
+	return pod, certFile, keyFile, nil
+}

@@ -59,14 +59,17 @@ type InterceptionConfiguration struct {
 
 // DataplaneConfiguration is where the redirect lives in the kernel.
 type DataplaneConfiguration struct {
-	Mode               *string `json:"mode,omitempty" flag:"dataplane"`
-	NFTablesTable      *string `json:"nftablesTable,omitempty" flag:"nftables-table"`
-	NFTablesPriority   *int32  `json:"nftablesPriority,omitempty" flag:"nftables-priority"`
-	IPTablesBackend    *string `json:"iptablesBackend,omitempty" flag:"iptables-backend"`
-	IPTablesChain      *string `json:"iptablesChain,omitempty" flag:"iptables-chain"`
-	FailOpenSet        *string `json:"failOpenSet,omitempty" flag:"fail-open-set"`
-	ListenLink         *string `json:"listenLink,omitempty" flag:"listen-link"`
-	UpstreamSocketMark *uint32 `json:"upstreamSocketMark,omitempty" flag:"upstream-socket-mark"`
+	Mode *string `json:"mode,omitempty" flag:"dataplane"`
+	// ExternalDrainDelay is how long an agent of the external mode keeps
+	// serving after it turned not ready at shutdown.
+	ExternalDrainDelay *metav1.Duration `json:"externalDrainDelay,omitempty" flag:"external-drain-delay"`
+	NFTablesTable      *string          `json:"nftablesTable,omitempty" flag:"nftables-table"`
+	NFTablesPriority   *int32           `json:"nftablesPriority,omitempty" flag:"nftables-priority"`
+	IPTablesBackend    *string          `json:"iptablesBackend,omitempty" flag:"iptables-backend"`
+	IPTablesChain      *string          `json:"iptablesChain,omitempty" flag:"iptables-chain"`
+	FailOpenSet        *string          `json:"failOpenSet,omitempty" flag:"fail-open-set"`
+	ListenLink         *string          `json:"listenLink,omitempty" flag:"listen-link"`
+	UpstreamSocketMark *uint32          `json:"upstreamSocketMark,omitempty" flag:"upstream-socket-mark"`
 }
 
 // UpstreamConfiguration is how kube-apiserver is reached.
