@@ -53,7 +53,8 @@ type LocalPods struct {
 	// node's pods (neither PodIPs mode nor the pod-path check).
 	Source string
 	// Reason says why the pods are not listed as the node: the refusal
-	// with what to change (agent, none), or that they are not listed yet.
+	// with what to change (agent, none), or that they are not listed yet;
+	// "" for node, and for agent with --cache-as-node=false.
 	Reason string
 	// HostNetworkOnly is set in PodIPs mode while this node's pods have
 	// never been listed: the pods set is empty, so the redirect takes
@@ -200,7 +201,9 @@ func through[T any](ctx context.Context, s *podsSource, call func(toolscache.Lis
 	out, err := call(s.asAgent)
 	switch {
 	case err == nil:
-		reason := "--cache-as-node=false"
+		// Without impersonation (--cache-as-node=false) the agent is the
+		// source by choice: no reason to give.
+		reason := ""
 		if s.asNode != nil {
 			reason = "kube-apiserver refused to list them as the node: " + nodeWhy
 		}

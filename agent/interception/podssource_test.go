@@ -142,7 +142,7 @@ func TestPodsSource(t *testing.T) {
 		// --cache-as-node=false: the agent's identity only.
 		name: "without impersonation",
 		steps: []step{
-			{wantSource: PodsSourceAgent, wantReason: "--cache-as-node=false", wantAgentCalls: 1},
+			{wantSource: PodsSourceAgent, wantAgentCalls: 1},
 			{agent: errNoRBAC, watch: true, wantErr: true, wantSource: PodsSourceNone, wantReason: "as the agent", wantAgentCalls: 2},
 		},
 	}} {
@@ -175,8 +175,8 @@ func TestPodsSource(t *testing.T) {
 				if src != st.wantSource || !strings.Contains(reason, st.wantReason) {
 					t.Errorf("step %d: source %s (%s), want %s with %q", i, src, reason, st.wantSource, st.wantReason)
 				}
-				if st.wantSource == PodsSourceNode && reason != "" {
-					t.Errorf("step %d: as the node with a reason: %s", i, reason)
+				if (st.wantSource == PodsSourceNode || !tc.impersonate && st.wantSource == PodsSourceAgent) && reason != "" {
+					t.Errorf("step %d: %s by choice, with a reason: %s", i, st.wantSource, reason)
 				}
 				if got := node.count(); got != st.wantNodeCalls {
 					t.Errorf("step %d: %d requests as the node, want %d", i, got, st.wantNodeCalls)

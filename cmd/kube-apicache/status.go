@@ -210,7 +210,7 @@ func (o *statusOptions) print(w io.Writer, rows []statusRow) error {
 			hostOnly++
 		}
 		reason := s.InterceptingReason
-		if s.Intercepting && s.PodsSource != "" && s.PodsSource != "node" {
+		if s.Intercepting && s.PodsSource != "node" && s.PodsSourceReason != "" {
 			reason = "pods source " + s.PodsSource + ": " + s.PodsSourceReason
 		}
 		if s.ReadyReason != "" {
