@@ -188,7 +188,15 @@ func (a *Agent) newStatusServer() (*status.Server, error) {
 		Dataplane:       dataplane,
 		DataplaneReason: reason,
 		Upstreams:       a.upstreamStatus,
+		LocalPods:       a.localPods,
 	}, a.metrics.registry)
+}
+
+// localPods is where the interceptor learns this node's pod IPs from, as
+// the Status shows it.
+func (a *Agent) localPods() status.LocalPods {
+	lp := a.icpt.LocalPods()
+	return status.LocalPods{Source: lp.Source, Reason: lp.Reason, HostNetworkOnly: lp.HostNetworkOnly}
 }
 
 // upstreamStatus is the upstream endpoints as the Status shows them.

@@ -2,16 +2,16 @@ package cache
 
 import (
 	"context"
-	"strings"
 	"sync"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/internal/nodeimpersonation"
 )
 
 // Which identity a watch runs as.
@@ -31,7 +31,7 @@ import (
 
 // NodeUsername is the user name kube-apiserver's Node authorizer knows a
 // node by.
-func NodeUsername(node string) string { return "system:node:" + node }
+func NodeUsername(node string) string { return nodeimpersonation.Username(node) }
 
 // nodeScoped reports whether r holds only this node's objects (newResource
 // scopes pods by spec.nodeName and nodes by metadata.name and nothing
@@ -103,7 +103,7 @@ func (e *refusalExplainer) note(verb string, err error) {
 		e.mu.Unlock()
 		return
 	}
-	why, ok := explainNodeRefusal(err, e.user)
+	why, ok := nodeimpersonation.ExplainRefusal(err, e.user)
 	if !ok {
 		return
 	}
@@ -117,35 +117,4 @@ func (e *refusalExplainer) note(verb string, err error) {
 		return
 	}
 	e.logger.Error(err, msg, "verb", verb, "as", e.user, "reason", why)
-}
-
-// explainNodeRefusal says, from kube-apiserver's 403 message, why a request
-// impersonating user (system:node:<node>) was refused and what to change.
-// ok is false for errors that are not a 403.
-func explainNodeRefusal(err error, user string) (why string, ok bool) {
-	if !apierrors.IsForbidden(err) {
-		return "", false
-	}
-	msg := err.Error()
-	switch {
-	case strings.Contains(msg, "impersonate-on:associated-node:") || strings.Contains(msg, "impersonate:associated-node"):
-		// The associated-node mode applied (a pod-bound token of this
-		// node) but RBAC lacks one of its two grants.
-		return "the agent's ServiceAccount may not impersonate its node: bind it to the kube-apicache:node-impersonation ClusterRole " +
-			"(impersonate:associated-node on nodes.authentication.k8s.io; impersonate-on:associated-node:list and :watch on pods and nodes), " +
-			"see manifests/rbac.yaml", true
-	case strings.Contains(msg, "impersonate-on:arbitrary-node:") || strings.Contains(msg, "impersonate:arbitrary-node"):
-		// The associated-node mode did not apply, so kube-apiserver tried
-		// the next one: the token is not bound to a pod on this node.
-		return "the agent's token is not bound to a pod on " + strings.TrimPrefix(user, "system:node:") +
-			": run the agent with its pod's projected ServiceAccount token and --node-name set to the pod's spec.nodeName", true
-	case strings.Contains(msg, `cannot impersonate resource "users"`):
-		// Only legacy impersonation ran: no constrained impersonation.
-		return "kube-apiserver does not offer constrained impersonation (feature gate ConstrainedImpersonation, on by default from Kubernetes 1.36): " +
-			"enable it, or run the agent with --cache-as-node=false and grant its ServiceAccount list and watch of pods and nodes cluster-wide", true
-	case strings.Contains(msg, "User "+`"`+user+`"`):
-		// Impersonation was allowed; the node itself may not read this.
-		return "the node may not read this: kube-apiserver's --authorization-mode must include Node", true
-	}
-	return "unrecognized refusal; see err", true
 }

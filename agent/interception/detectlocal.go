@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -223,6 +224,13 @@ func (l *localPods) podIPs() ([]netip.Addr, bool) {
 	return slices.Compact(out), true
 }
 
+// listed reports whether the first list of this node's pods has arrived.
+func (l *localPods) listed() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ips != nil
+}
+
 // set records one pod's IPs (none: forget the pod).
 func (l *localPods) set(key string, ips []netip.Addr) bool {
 	l.mu.Lock()
@@ -276,9 +284,67 @@ func (ic *Interceptor) runDetectLocal(ctx context.Context) {
 		wg.Go(func() { ic.readNodeCIDRs(ctx, client) })
 	}
 	if ic.followsLocalPods() {
-		wg.Go(func() { ic.watchLocalPods(ctx, client) })
+		src, err := ic.newPodsSource(ic.deps.LocalRESTConfig())
+		if err != nil {
+			logger.Error(err, "Cannot follow this node's pods for detect-local")
+		} else {
+			wg.Go(func() { ic.watchLocalPods(ctx, src) })
+		}
 	}
 	wg.Wait()
+}
+
+// newPodsSource builds the source of the watch of this node's pods from
+// cfg, the local configuration: as the node when cfg impersonates it,
+// with the agent's own identity (cfg without the impersonation) as the
+// fallback; as the agent alone otherwise. It becomes the one LocalPods
+// reports.
+func (ic *Interceptor) newPodsSource(cfg *rest.Config) (*podsSource, error) {
+	listWatch := func(cfg *rest.Config) (cache.ListerWatcherWithContext, error) {
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", metav1.NamespaceAll, func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", ic.cfg.NodeName).String()
+		}), nil
+	}
+	var asNode cache.ListerWatcherWithContext
+	user := cfg.Impersonate.UserName
+	agentCfg := cfg
+	if user != "" {
+		var err error
+		if asNode, err = listWatch(cfg); err != nil {
+			return nil, err
+		}
+		agentCfg = rest.CopyConfig(cfg)
+		agentCfg.Impersonate = rest.ImpersonationConfig{}
+	}
+	asAgent, err := listWatch(agentCfg)
+	if err != nil {
+		return nil, err
+	}
+	src := newPodsSource(asNode, asAgent, user, ic.now, ic.metrics.localPodsSource)
+	ic.pods.Store(src)
+	return src, nil
+}
+
+// LocalPods says where the agent learns this node's pod IPs from, and
+// whether the redirect can match them yet.
+func (ic *Interceptor) LocalPods() LocalPods {
+	if !ic.followsLocalPods() {
+		return LocalPods{}
+	}
+	lp := LocalPods{Source: PodsSourceNone, Reason: podsNotListedYet}
+	if src := ic.pods.Load(); src != nil {
+		lp.Source, lp.Reason = src.state()
+	}
+	listed := ic.local.listed()
+	lp.HostNetworkOnly = ic.cfg.DetectLocalMode == DetectLocalPodIPs && !listed
+	if lp.Source == PodsSourceNone && listed {
+		lp.Reason += "; the pod IPs of the last list are kept"
+	}
+	return lp
 }
 
 // readNodeCIDRs reads the Node until it has podCIDRs (they never change
@@ -315,20 +381,18 @@ func (ic *Interceptor) readNodeCIDRs(ctx context.Context, client kubernetes.Inte
 }
 
 // watchLocalPods follows the pods bound to this node, as the kubelet does
-// (fieldSelector spec.nodeName), keeping only their IPs. Host-network pods
-// are skipped: their traffic leaves through nat OUTPUT, which is always
-// intercepted, and their IPs are the node's. Only in PodIPs mode does a
-// change ask for a sync: in the other modes the kernel holds no pods set,
-// and the pod-path check reads the IPs as it scans.
-func (ic *Interceptor) watchLocalPods(ctx context.Context, client kubernetes.Interface) {
+// (fieldSelector spec.nodeName), through lw (podsSource: as the node, or
+// as the agent when that is refused), keeping only their IPs. Host-network
+// pods are skipped: their traffic leaves through nat OUTPUT, which is
+// always intercepted, and their IPs are the node's. Only in PodIPs mode
+// does a change ask for a sync: in the other modes the kernel holds no
+// pods set, and the pod-path check reads the IPs as it scans.
+func (ic *Interceptor) watchLocalPods(ctx context.Context, lw cache.ListerWatcher) {
 	requestSync := func() {
 		if ic.cfg.DetectLocalMode == DetectLocalPodIPs {
 			ic.RequestSync()
 		}
 	}
-	lw := cache.NewFilteredListWatchFromClient(client.CoreV1().RESTClient(), "pods", metav1.NamespaceAll, func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", ic.cfg.NodeName).String()
-	})
 	update := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
 		if !ok {
@@ -372,7 +436,12 @@ func (ic *Interceptor) watchLocalPods(ctx context.Context, client kubernetes.Int
 			}
 		},
 	})
-	go inf.Run(ctx.Done())
+	// podsSource logs each change of identity and refusal; the reflector's
+	// own report of every retry adds nothing at the default level.
+	_ = inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, _ *cache.Reflector, err error) {
+		klog.FromContext(ctx).V(2).Info("Watch of this node's pods failed", "err", err)
+	})
+	go inf.RunWithContext(ctx)
 	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		// An empty node has no events: mark the first list as arrived.
 		ic.local.mu.Lock()

@@ -42,8 +42,10 @@ type Interceptor struct {
 	// syncNow asks the run loop for a sync before the next tick.
 	syncNow chan struct{}
 	// local is what detect-local and the pod-path check learn from the
-	// API (detectlocal.go).
+	// API (detectlocal.go); pods is the identity it lists this node's pods
+	// with, nil until runDetectLocal has built it (podssource.go).
 	local *localPods
+	pods  atomic.Pointer[podsSource]
 	// podPath checks interception as pods get it (podpath.go); nil when
 	// off. lastLapse is when (Unix nanoseconds) a liveness refresh last came
 	// so late that the entry may have expired.
@@ -145,6 +147,9 @@ func New(cfg *Config, k Kernel, deps Deps) (*Interceptor, error) {
 	deps.Registry.MustRegister(ic.switchCollector(), ic.serviceMismatchCollector())
 	if cfg.PodPathCheckInterval > 0 && k.Conntrack != nil && !cfg.external() {
 		ic.podPath = newPodPath(k.Conntrack, deps.Registry)
+	}
+	if ic.followsLocalPods() {
+		setPodsSourceGauge(ic.metrics.localPodsSource, PodsSourceNone)
 	}
 	return ic, nil
 }
@@ -423,7 +428,7 @@ func (ic *Interceptor) syncAndReport(ctx context.Context) error {
 		logger.Info("Intercepting the kubernetes Service", "vips", ic.cfg.ServiceVIPs, "port", ic.cfg.ServicePort,
 			"listen", ic.cfg.ListenAddresses(), "link", ic.planes[0].addr.Link(), "upstream", ic.deps.Upstream(),
 			"dataplane", ic.dataplane, "dataplaneReason", ic.dataplaneReason, "iptablesBackend", ic.backend,
-			"livenessTimeout", ic.cfg.LivenessTimeout)
+			"livenessTimeout", ic.cfg.LivenessTimeout, "podsSource", ic.LocalPods().Source)
 	case notReady != nil && wasReady:
 		if _, aside := errors.AsType[stepAside](notReady); aside {
 			logger.Info("Not intercepting; the kubernetes Service goes to kube-proxy's path", "reason", notReady.Error())
@@ -520,7 +525,9 @@ func (ic *Interceptor) sync(ctx context.Context) (notReady, err error) {
 		}
 		if d.podsSet != nil {
 			// Until the first list of the node's pods arrives the set is
-			// empty: only host traffic is intercepted meanwhile.
+			// empty: only host traffic is intercepted meanwhile, which
+			// LocalPods reports (HostNetworkOnly), with why they are not
+			// listed.
 			ips, _ := ic.local.podIPs()
 			changed, err := d.syncLocalPods(ips)
 			if err != nil {

@@ -14,6 +14,10 @@ type interceptionMetrics struct {
 	refreshGap prometheus.Histogram
 	// syncDuration is the time each rule sync took.
 	syncDuration prometheus.Histogram
+	// localPodsSource is 1 for the identity this node's pods are listed
+	// with (LocalPods.Source), 0 for the others; no series while they are
+	// not followed.
+	localPodsSource *prometheus.GaugeVec
 }
 
 func newInterceptionMetrics(reg prometheus.Registerer) *interceptionMetrics {
@@ -36,7 +40,11 @@ func newInterceptionMetrics(reg prometheus.Registerer) *interceptionMetrics {
 			Help:    "Time each reconciliation of the redirect (address, set, chain, jumps, self-check) took.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
+		localPodsSource: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kube_apicache_local_pods_source",
+			Help: "1 for whose identity lists this node's pods (for detect-local PodIPs and the pod-path check): node (impersonated), agent (its own ServiceAccount: --cache-as-node=false, or the fallback while the node impersonation is refused), none (refused both, or not listed yet; in PodIPs mode only host-network traffic is intercepted until they are listed). No series when the agent does not follow this node's pods.",
+		}, []string{"source"}),
 	}
-	reg.MustRegister(m.liveness, m.selfChecks, m.refreshGap, m.syncDuration)
+	reg.MustRegister(m.liveness, m.selfChecks, m.refreshGap, m.syncDuration, m.localPodsSource)
 	return m
 }

@@ -65,6 +65,10 @@ type Checks struct {
 	Dataplane, DataplaneReason string
 	// Upstreams are the kube-apiserver endpoints and their health.
 	Upstreams func() []UpstreamStatus
+	// LocalPods is where the agent learns this node's pod IPs from, added
+	// to the ready and intercepting answers and to the Status; nil for
+	// nothing.
+	LocalPods func() LocalPods
 }
 
 // Server is the metrics listener's HTTP server and what it needs at
@@ -88,7 +92,7 @@ func New(cfg Config, checks Checks, reg *prometheus.Registry) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{cfg: cfg, checks: checks, gatherer: reg}
-	mux := handler(reg, checks.Healthy, checks.Ready, checks.Intercepting, checks.Note, checks.dataplaneNote(), cfg.Profiling)
+	mux := handler(reg, checks.Healthy, checks.Ready, checks.Intercepting, checks.note, checks.dataplaneNote(), cfg.Profiling)
 	mux.Handle(StatuszPath, s.statuszHandler())
 	s.handler = auth.secure(mux, cfg.Profiling)
 	if cfg.TLSCertFile != "" {

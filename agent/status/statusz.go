@@ -28,6 +28,17 @@ type Status struct {
 	InterceptingReason string `json:"interceptingReason,omitempty"`
 	Ready              bool   `json:"ready"`
 	ReadyReason        string `json:"readyReason,omitempty"`
+	// PodsSource is whose identity lists this node's pods, whose IPs the
+	// redirect matches in detect-local PodIPs mode: node, agent (its own
+	// ServiceAccount: --cache-as-node=false, or the fallback while the
+	// node impersonation is refused) or none; empty where the agent does
+	// not follow them. PodsSourceReason says why not the node.
+	PodsSource       string `json:"podsSource,omitempty"`
+	PodsSourceReason string `json:"podsSourceReason,omitempty"`
+	// HostNetworkOnly is set while the agent intercepts host-network
+	// traffic only: this node's pods have never been listed, so no pod's
+	// traffic is redirected (PodsSourceReason says why).
+	HostNetworkOnly bool `json:"hostNetworkOnly,omitempty"`
 	// Upstreams are the kube-apiserver endpoints and their health.
 	Upstreams []UpstreamStatus `json:"upstreams"`
 	// CertificateNotAfter is when the serving certificate expires; zero
@@ -58,6 +69,9 @@ func (srv *Server) Status() Status {
 	} else {
 		s.Intercepting = true
 	}
+	lp := srv.checks.localPods()
+	s.PodsSource, s.PodsSourceReason = lp.Source, lp.Reason
+	s.HostNetworkOnly = s.Intercepting && lp.HostNetworkOnly
 	if err := srv.checks.Ready(); err != nil {
 		s.ReadyReason = err.Error()
 	} else {

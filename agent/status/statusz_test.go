@@ -68,3 +68,66 @@ func TestStatusz(t *testing.T) {
 		t.Errorf("Status (-want +got):\n%s", diff)
 	}
 }
+
+// TestLocalPodsReported: given each source of this node's pods, when
+// /intercepting, /readyz and /statusz are asked, then each names the
+// source with its reason, and while no pod has been listed none of them
+// claims pod interception.
+func TestLocalPodsReported(t *testing.T) {
+	ok := func() error { return nil }
+	for _, tc := range []struct {
+		name string
+		pods LocalPods
+		// wantBody is the /intercepting and /readyz answer; wantHostOnly
+		// the Status's HostNetworkOnly.
+		wantBody     string
+		wantHostOnly bool
+	}{{
+		name:     "not followed",
+		wantBody: "ok; dataplane nftables (auto: test)",
+	}, {
+		name:     "as the node",
+		pods:     LocalPods{Source: "node"},
+		wantBody: "ok; pods source node; dataplane nftables (auto: test)",
+	}, {
+		name:     "fallback to the agent",
+		pods:     LocalPods{Source: "agent", Reason: "kube-apiserver refused to list them as the node: bind it"},
+		wantBody: "ok; pods source agent (kube-apiserver refused to list them as the node: bind it); dataplane nftables (auto: test)",
+	}, {
+		name:         "refused both",
+		pods:         LocalPods{Source: "none", Reason: "refused as the node and as the agent", HostNetworkOnly: true},
+		wantBody:     "ok; pods not intercepted, host-network traffic only: pods source none (refused as the node and as the agent); dataplane nftables (auto: test)",
+		wantHostOnly: true,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := New(Config{
+				NodeName:   "node-a",
+				RESTConfig: func() *rest.Config { return &rest.Config{Host: "https://127.0.0.1:1"} },
+			}, Checks{
+				Healthy: ok, Ready: ok, Intercepting: ok,
+				Note:      func() string { return "" },
+				Dataplane: "nftables", DataplaneReason: "auto: test",
+				Upstreams: func() []UpstreamStatus { return nil },
+				LocalPods: func() LocalPods { return tc.pods },
+			}, prometheus.NewRegistry())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, path := range []string{"/intercepting", "/readyz"} {
+				want := tc.wantBody
+				if code, body, _ := metricsGet(s.handler, http.MethodGet, path, ""); code != http.StatusOK || body != want {
+					t.Errorf("GET %s = %d %q, want 200 %q", path, code, body, want)
+				}
+			}
+			_, body, _ := metricsGet(s.handler, http.MethodGet, StatuszPath, "")
+			var got Status
+			if err := json.Unmarshal([]byte(body), &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.PodsSource != tc.pods.Source || got.PodsSourceReason != tc.pods.Reason || got.HostNetworkOnly != tc.wantHostOnly {
+				t.Errorf("Status pods source %q (%q), host-network only %v; want %q (%q), %v",
+					got.PodsSource, got.PodsSourceReason, got.HostNetworkOnly, tc.pods.Source, tc.pods.Reason, tc.wantHostOnly)
+			}
+		})
+	}
+}

@@ -46,8 +46,10 @@ func newStatusCommand() *cobra.Command {
 		Long: `status lists the agent pods and asks each for its state (` + status.StatuszPath + ` on its
 metrics port) through kube-apiserver's pods proxy, so it needs only a
 kubeconfig allowed to get pods/proxy in the agents' namespace. It prints a
-line per node: whether the agent intercepts (and why not), whether it is
-ready, its cache hit ratio since it started, its kube-apiserver endpoints'
+line per node: whether the agent intercepts (and why not; "host-network
+only" while it cannot list its node's pods, whose traffic then goes to
+kube-proxy's path), whose identity lists the node's pods (PODS: node,
+agent, none), whether it is ready, its cache hit ratio since it started, its kube-apiserver endpoints'
 health and when its serving certificate expires. --node keeps to one
 node's agent.`,
 		Args:          cobra.NoArgs,
@@ -185,27 +187,40 @@ func (o *statusOptions) print(w io.Writer, rows []statusRow) error {
 		return enc.Encode(rows)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	head := "NODE\tPOD\tINTERCEPTING\tREADY\tHIT RATIO\tUPSTREAM\tCERT EXPIRES\tREASON"
+	head := "NODE\tPOD\tINTERCEPTING\tPODS\tREADY\tHIT RATIO\tUPSTREAM\tCERT EXPIRES\tREASON"
 	if o.output == "wide" {
 		head += "\tENDPOINTS"
 	}
 	fmt.Fprintln(tw, head)
-	var intercepting, unreachable int
+	var intercepting, hostOnly, unreachable int
 	for _, r := range rows {
 		if r.Status == nil {
-			fmt.Fprintf(tw, "%s\t%s\t?\t?\t?\t?\t?\t%s\n", r.Node, r.Pod, r.Error)
+			fmt.Fprintf(tw, "%s\t%s\t?\t?\t?\t?\t?\t?\t%s\n", r.Node, r.Pod, r.Error)
 			unreachable++
 			continue
 		}
 		s := r.Status
+		interceptingCell := yesNo(s.Intercepting)
 		if s.Intercepting {
 			intercepting++
 		}
+		if s.Intercepting && s.HostNetworkOnly {
+			// Never "yes" while no pod's traffic is redirected.
+			interceptingCell = "host-network only"
+			hostOnly++
+		}
 		reason := s.InterceptingReason
+		if s.Intercepting && s.PodsSource != "node" && s.PodsSourceReason != "" {
+			reason = "pods source " + s.PodsSource + ": " + s.PodsSourceReason
+		}
 		if s.ReadyReason != "" {
 			reason = "not ready: " + s.ReadyReason
 		}
-		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", r.Node, r.Pod, yesNo(s.Intercepting), yesNo(s.Ready),
+		pods := s.PodsSource
+		if pods == "" {
+			pods = "-"
+		}
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", r.Node, r.Pod, interceptingCell, pods, yesNo(s.Ready),
 			hitRatio(s.Cache), upstreamSummary(s.Upstreams), certExpiry(s.CertificateNotAfter), reason)
 		if o.output == "wide" {
 			var eps []string
@@ -219,8 +234,12 @@ func (o *statusOptions) print(w io.Writer, rows []statusRow) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "%d agents: %d intercepting, %d not, %d not answering\n",
+	summary := fmt.Sprintf("%d agents: %d intercepting, %d not, %d not answering",
 		len(rows), intercepting, len(rows)-intercepting-unreachable, unreachable)
+	if hostOnly > 0 {
+		summary += fmt.Sprintf("; %d of them host-network traffic only, their node's pods not listed", hostOnly)
+	}
+	_, err := fmt.Fprintln(w, summary)
 	return err
 }
 

@@ -32,7 +32,9 @@ func TestPodPort(t *testing.T) {
 }
 
 // The table has a line per node with the hit ratio over the reads the
-// cache considered, the agents that did not answer, and a total.
+// cache considered, the agents that did not answer, and a total; an agent
+// whose node's pods are listed as the agent says why, and one that lists
+// none is not shown as intercepting pods.
 func TestStatusTable(t *testing.T) {
 	until := time.Now().Add(5 * time.Hour)
 	rows := []statusRow{
@@ -41,6 +43,10 @@ func TestStatusTable(t *testing.T) {
 			CertificateNotAfter: &until, Cache: map[string]float64{"hit": 3, "forwarded": 1}}},
 		{Pod: "b", Node: "n2", Status: &status.Status{Ready: true, InterceptingReason: "interception turned off (test)", Cache: map[string]float64{}}},
 		{Pod: "c", Node: "n3", Error: "connection refused"},
+		{Pod: "d", Node: "n4", Status: &status.Status{Intercepting: true, Ready: true, PodsSource: "agent",
+			PodsSourceReason: "kube-apiserver refused to list them as the node: bind it", Cache: map[string]float64{}}},
+		{Pod: "e", Node: "n5", Status: &status.Status{Intercepting: true, Ready: true, PodsSource: "none", HostNetworkOnly: true,
+			PodsSourceReason: "refused as the node and as the agent", Cache: map[string]float64{}}},
 	}
 	var b bytes.Buffer
 	if err := (&statusOptions{}).print(&b, rows); err != nil {
@@ -48,7 +54,9 @@ func TestStatusTable(t *testing.T) {
 	}
 	out := b.String()
 	for _, want := range []string{"75.0%", "1/2 healthy", "interception turned off (test)", "connection refused",
-		"3 agents: 1 intercepting, 1 not, 1 not answering"} {
+		"pods source agent: kube-apiserver refused to list them as the node: bind it",
+		"host-network only", "pods source none: refused as the node and as the agent",
+		"5 agents: 3 intercepting, 1 not, 1 not answering; 1 of them host-network traffic only"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

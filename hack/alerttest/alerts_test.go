@@ -70,6 +70,9 @@ func fleet(n, affected int, bad func(a agent)) []agent {
 			"kube_apicache_degraded":              "0x80",
 			`kube_apicache_upstream_endpoint_healthy{exported_endpoint="10.0.0.1:6443"}`: "1x80",
 			`kube_apicache_upstream_endpoint_healthy{exported_endpoint="10.0.0.2:6443"}`: "1x80",
+			`kube_apicache_local_pods_source{source="node"}`:                             "1x80",
+			`kube_apicache_local_pods_source{source="agent"}`:                            "0x80",
+			`kube_apicache_local_pods_source{source="none"}`:                             "0x80",
 			"up": "1x80",
 		}
 		if i < affected {
@@ -219,6 +222,10 @@ func TestNodeAlerts(t *testing.T) {
 		}},
 		{"KubeApicacheNotIntercepting", func(a agent) { a["kube_apicache_intercepting"] = "0x80" }},
 		{"KubeApicacheScrapeFailing", func(a agent) { a["up"] = "0x80" }},
+		{"KubeApicacheLocalPodsNotListed", func(a agent) {
+			a[`kube_apicache_local_pods_source{source="node"}`] = "0x80"
+			a[`kube_apicache_local_pods_source{source="none"}`] = "1x80"
+		}},
 	} {
 		t.Run(tc.alert, func(t *testing.T) {
 			rule, ok := byName[tc.alert]
@@ -235,5 +242,28 @@ func TestNodeAlerts(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLocalPodsNotListedQuiet: KubeApicacheLocalPodsNotListed stays quiet
+// for agents that list their node's pods as themselves (the fallback
+// works) and for agents that do not intercept at all
+// (KubeApicacheNotIntercepting's case).
+func TestLocalPodsNotListedQuiet(t *testing.T) {
+	rule := loadRules(t)["KubeApicacheLocalPodsNotListed"]
+	for name, bad := range map[string]func(agent){
+		"fallback to the agent": func(a agent) {
+			a[`kube_apicache_local_pods_source{source="node"}`] = "0x80"
+			a[`kube_apicache_local_pods_source{source="agent"}`] = "1x80"
+		},
+		"not intercepting": func(a agent) {
+			a[`kube_apicache_local_pods_source{source="node"}`] = "0x80"
+			a[`kube_apicache_local_pods_source{source="none"}`] = "1x80"
+			a["kube_apicache_intercepting"] = "0x80"
+		},
+	} {
+		if got := firing(t, rule, fleet(10, 3, bad), time.Duration(rule.For)+time.Minute); len(got) != 0 {
+			t.Errorf("%s: %d alerts firing, want none: %v", name, len(got), got)
+		}
 	}
 }
