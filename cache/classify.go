@@ -433,6 +433,6 @@ func routeMismatch(r *http.Request, info *request.RequestInfo, namespaced bool) 
 
 // BuiltinFieldLabels returns the field labels the cache answers for a
 // built-in resource, for tests that compare them with kube-apiserver.
-func BuiltinFieldLabels(gr schema.GroupResource) []string {
-	return store.BuiltinFieldLabels(gr)
+func BuiltinFieldLabels(gr schema.GroupResource, minor int) []string {
+	return store.BuiltinFieldLabels(gr, minor)
 }

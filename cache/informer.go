@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/discovery"
@@ -85,6 +86,20 @@ func (r *informer) healthy() bool {
 	return r.ready.Load() && !r.stopped.Load() && r.store.Synced() && r.watchState.Load()&1 == 1 && r.store.Replaces() >= r.needReplaces.Load()
 }
 
+// serverMinor returns kube-apiserver's minor release, or 0 when it cannot
+// be read (ForServer then answers none of the labels that depend on it).
+func serverMinor(dc discovery.DiscoveryInterface) int {
+	info, err := dc.ServerVersion()
+	if err != nil {
+		return 0
+	}
+	v, err := utilversion.ParseGeneric(info.GitVersion)
+	if err != nil || v.Major() != 1 {
+		return 0
+	}
+	return int(v.Minor())
+}
+
 // resolve finds the resource's version, kind and scope with discovery.
 // Without a version in the spec it takes the group's preferred version, or,
 // for a resource that version does not serve (a beta resource of a group
@@ -132,6 +147,11 @@ func (r *informer) resolve(dc discovery.DiscoveryInterface) error {
 			r.namespaced = ar.Namespaced
 			r.builtin = scheme.Scheme.Recognizes(r.gvk)
 			r.fields = store.FieldLabelsFor(r.gvr.GroupResource(), r.builtin, r.namespaced)
+			if r.builtin && store.VersionGated(r.gvr.GroupResource()) {
+				// Asked only for the few resources whose labels depend
+				// on the release, once per resolve: one GET /version.
+				r.fields = store.ForServer(r.gvr.GroupResource(), r.fields, serverMinor(dc))
+			}
 			if !r.builtin {
 				return r.resolveCRD()
 			}

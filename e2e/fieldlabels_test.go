@@ -24,6 +24,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/utils/ptr"
 
@@ -45,6 +46,7 @@ import (
 // such as the pods' "spec.host", is found only if the table names it.)
 func TestFieldLabelsMatchKubeAPIServer(t *testing.T) {
 	c := requireCluster(t)
+	minor := serverMinor(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	lists, err := c.Admin.Discovery().ServerPreferredResources()
@@ -76,7 +78,7 @@ func TestFieldLabelsMatchKubeAPIServer(t *testing.T) {
 					candidates[l] = true
 				}
 			}
-			for _, l := range cache.BuiltinFieldLabels(gv.WithResource(r.Name).GroupResource()) {
+			for _, l := range cache.BuiltinFieldLabels(gv.WithResource(r.Name).GroupResource(), minor) {
 				candidates[l] = true
 			}
 			var labels []string
@@ -116,7 +118,7 @@ func TestFieldLabelsMatchKubeAPIServer(t *testing.T) {
 	)
 	for _, p := range probes {
 		known := map[string]bool{}
-		for _, l := range cache.BuiltinFieldLabels(p.gvr.GroupResource()) {
+		for _, l := range cache.BuiltinFieldLabels(p.gvr.GroupResource(), minor) {
 			known[l] = true
 		}
 		for _, label := range p.labels {
@@ -237,6 +239,7 @@ var fieldSelectorResources = []struct {
 // every refused one was forwarded (never refused by the agent itself).
 func TestFieldSelectorsThroughAgent(t *testing.T) {
 	c := requireCluster(t)
+	minor := serverMinor(t, c)
 	dumpOnFailure(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
@@ -279,7 +282,7 @@ func TestFieldSelectorsThroughAgent(t *testing.T) {
 		}
 		path := apiPath(r.gvr, ns)
 		objects := listJSON(t, ctx, direct, path)
-		labels := cache.BuiltinFieldLabels(r.gvr.GroupResource())
+		labels := cache.BuiltinFieldLabels(r.gvr.GroupResource(), minor)
 		sort.Strings(labels)
 		type query struct {
 			selector string
@@ -534,4 +537,19 @@ func createFieldLabelObjects(t *testing.T, ctx context.Context, c *sandbox.Clust
 	if len(created) > 0 {
 		t.Fatalf("creating the objects: %v", created)
 	}
+}
+
+// serverMinor is the sandbox kube-apiserver's minor release, which the
+// cache's field label tables depend on.
+func serverMinor(t *testing.T, c *sandbox.Cluster) int {
+	t.Helper()
+	info, err := c.Admin.Discovery().ServerVersion()
+	if err != nil {
+		t.Fatalf("kube-apiserver version: %v", err)
+	}
+	v, err := utilversion.ParseGeneric(info.GitVersion)
+	if err != nil {
+		t.Fatalf("kube-apiserver version %q: %v", info.GitVersion, err)
+	}
+	return int(v.Minor())
 }

@@ -263,18 +263,17 @@ var builtinFieldLabels = map[schema.GroupResource]FieldLabels{
 		},
 	},
 	{Group: "resource.k8s.io", Resource: "resourceslices"}: {
-		Labels: accept("metadata.name", "spec.nodeName", "spec.driver"),
+		Labels: accept("metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name"),
 		Set: func(obj runtime.Object) fields.Set {
 			var node *string
-			var driver string
+			var driver, pool string
 			switch s := obj.(type) {
 			case *resourcev1.ResourceSlice:
-				node, driver = s.Spec.NodeName, s.Spec.Driver
+				node, driver, pool = s.Spec.NodeName, s.Spec.Driver, s.Spec.Pool.Name
 			case *resourcev1beta2.ResourceSlice:
-				node, driver = s.Spec.NodeName, s.Spec.Driver
+				node, driver, pool = s.Spec.NodeName, s.Spec.Driver, s.Spec.Pool.Name
 			case *resourcev1beta1.ResourceSlice:
-				driver = s.Spec.Driver
-				return fields.Set{"spec.nodeName": s.Spec.NodeName, "spec.driver": driver}
+				return fields.Set{"spec.nodeName": s.Spec.NodeName, "spec.driver": s.Spec.Driver, "spec.pool.name": s.Spec.Pool.Name}
 			default:
 				return fields.Set{}
 			}
@@ -282,7 +281,7 @@ var builtinFieldLabels = map[schema.GroupResource]FieldLabels{
 			if node != nil {
 				nodeName = *node
 			}
-			return fields.Set{"spec.nodeName": nodeName, "spec.driver": driver}
+			return fields.Set{"spec.nodeName": nodeName, "spec.driver": driver, "spec.pool.name": pool}
 		},
 	},
 }
@@ -312,6 +311,36 @@ func eventFields(ref corev1.ObjectReference, reason, reportingController, typ st
 	}
 }
 
+// labelsSince names the field labels that kube-apiserver accepts only
+// from some minor release on, with that release: the tables above are the
+// newest release's, and ForServer takes these out for an older server.
+var labelsSince = map[schema.GroupResource]map[string]int{
+	{Group: "resource.k8s.io", Resource: "resourceslices"}: {"spec.pool.name": 37},
+}
+
+// VersionGated reports whether some of gr's field labels depend on the
+// server's release, so that the caller needs it to call ForServer.
+func VersionGated(gr schema.GroupResource) bool { return labelsSince[gr] != nil }
+
+// ForServer returns fl without the labels of gr that kube-apiserver
+// 1.minor does not accept yet; minor 0 (not known) takes out all of them.
+// A label taken out is forwarded, so that kube-apiserver gives its own
+// answer (a 400 from a release that does not know it), never one the
+// cache made up.
+func ForServer(gr schema.GroupResource, fl FieldLabels, minor int) FieldLabels {
+	since := labelsSince[gr]
+	if since == nil {
+		return fl
+	}
+	labels := make(map[string]string, len(fl.Labels))
+	for l, f := range fl.Labels {
+		if v, gated := since[l]; !gated || (minor > 0 && minor >= v) {
+			labels[l] = f
+		}
+	}
+	return FieldLabels{Labels: labels, Set: fl.Set}
+}
+
 // FieldLabelsFor returns the field labels of gr. Built-in resources not
 // listed above accept the metadata fields only; custom resources accept
 // metadata.name (and metadata.namespace when namespaced), to which
@@ -330,9 +359,10 @@ func FieldLabelsFor(gr schema.GroupResource, builtin, namespaced bool) FieldLabe
 }
 
 // BuiltinFieldLabels returns the field labels the cache answers for a
-// built-in resource, for tests that compare them with kube-apiserver.
-func BuiltinFieldLabels(gr schema.GroupResource) []string {
-	fl := FieldLabelsFor(gr, true, true)
+// built-in resource served by kube-apiserver 1.minor, for tests that
+// compare them with kube-apiserver.
+func BuiltinFieldLabels(gr schema.GroupResource, minor int) []string {
+	fl := ForServer(gr, FieldLabelsFor(gr, true, true), minor)
 	out := make([]string, 0, len(fl.Labels))
 	for l := range fl.Labels {
 		out = append(out, l)

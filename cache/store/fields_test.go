@@ -80,3 +80,29 @@ func TestFieldLabels(t *testing.T) {
 		}
 	}
 }
+
+// TestForServer: a label kube-apiserver accepts only from some release on
+// is answered for that release and later ones, and forwarded for older
+// ones and when the release is not known.
+func TestForServer(t *testing.T) {
+	slices := schema.GroupResource{Group: "resource.k8s.io", Resource: "resourceslices"}
+	if !VersionGated(slices) || VersionGated(schema.GroupResource{Resource: "pods"}) {
+		t.Fatal("VersionGated: want resourceslices only")
+	}
+	for _, tc := range []struct {
+		minor int
+		want  bool
+	}{{0, false}, {34, false}, {36, false}, {37, true}, {38, true}} {
+		fl := ForServer(slices, FieldLabelsFor(slices, true, false), tc.minor)
+		if _, ok := fl.Labels["spec.pool.name"]; ok != tc.want {
+			t.Errorf("1.%d: spec.pool.name answered %v, want %v", tc.minor, ok, tc.want)
+		}
+		if _, ok := fl.Labels["spec.driver"]; !ok {
+			t.Errorf("1.%d: spec.driver not answered", tc.minor)
+		}
+	}
+	pods := FieldLabelsFor(schema.GroupResource{Resource: "pods"}, true, true)
+	if got := ForServer(schema.GroupResource{Resource: "pods"}, pods, 0); len(got.Labels) != len(pods.Labels) {
+		t.Errorf("pods: %d labels for an unknown release, want all %d", len(got.Labels), len(pods.Labels))
+	}
+}
