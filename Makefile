@@ -4,6 +4,9 @@
 #                demo), fuzz and conformance, with a table of what took how long
 #   make test-quick
 #                vet, unit tests and the core e2e scenarios (the inner loop)
+#   make test-matrix
+#                the compact matrix scenario on every supported Kubernetes
+#                release (e2e/k8s), KUBE_MINOR picks the one the others run
 #   make demo    sandbox + real node + the DaemonSet + a client pod; Ctrl-C tears
 #                it down (DEMO_ARGS=--emulated: the emulated node)
 #   make bench   cached reads through the agent vs direct kube-apiserver
@@ -23,13 +26,15 @@ SHELL := /usr/bin/env bash
 GO ?= go
 BIN_DIR ?= $(CURDIR)/_output/bin
 E2E_TIMEOUT ?= 50m
+# The Kubernetes release the sandbox runs: one of e2e/k8s/1.*.
+KUBE_MINOR ?= $(shell cat e2e/k8s/default)
 DEMO_ARGS ?=
 BENCH_ARGS ?=
 CONFORMANCE_ARGS ?=
 IMAGE ?= kube-apicache:latest
 
 .PHONY: all build deps control-plane test unit e2e vet verify-manifests docs demo bench bench-scale fuzz image clean
-.PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists conformance e2e-test test-quick
+.PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists conformance e2e-test test-quick test-matrix
 
 all: build
 
@@ -53,7 +58,7 @@ deps:
 	@command -v kubectl >/dev/null 2>&1 || { echo "kubectl is required on PATH" >&2; exit 1; }
 
 control-plane:
-	BIN_DIR=$(BIN_DIR) ./hack/build-control-plane.sh
+	BIN_DIR=$(BIN_DIR) KUBE_MINOR=$(KUBE_MINOR) ./hack/build-control-plane.sh
 
 # The optional real node (kubelet, kube-proxy, containerd) beside the
 # emulated pods; see e2e/sandbox/node.go. Debian bookworm's containerd 1.6.20,
@@ -77,7 +82,7 @@ node-deps:
 	fi
 
 node-binaries:
-	BIN_DIR=$(BIN_DIR) ./hack/build-node.sh
+	BIN_DIR=$(BIN_DIR) KUBE_MINOR=$(KUBE_MINOR) ./hack/build-node.sh
 
 # The real-node scenarios alone (needs root): the smoke test and the
 # DaemonSet's acceptance scenarios, with the images of `make e2e-images`
@@ -133,6 +138,12 @@ E2E_SHARDS ?= 2
 test:
 	GO=$(GO) BIN_DIR=$(BIN_DIR) IMAGES_DIR=$(IMAGES_DIR) E2E_SHARDS=$(E2E_SHARDS) \
 	  CONFORMANCE_ARGS='$(CONFORMANCE_ARGS)' ./hack/test.sh
+
+# The compact matrix scenario (hack/test.sh's MATRIX_TESTS) on every
+# release in e2e/k8s, each on its own control plane, built on first use
+# (MATRIX_RELEASES="1.35 1.36" picks some).
+test-matrix:
+	GO=$(GO) BIN_DIR=$(BIN_DIR) ./hack/test.sh matrix
 
 # The inner loop while developing: vet, the unit tests and the core e2e
 # scenarios (hack/test.sh's QUICK_TESTS) in one sandbox; no real node,

@@ -14,6 +14,12 @@
 #   hack/test.sh quick    builds the agent only, vet, the unit tests and
 #                         the core e2e scenarios ($QUICK_TESTS) in one
 #                         shard: no real node, no conformance, no fuzz
+#   hack/test.sh matrix   the compact matrix scenario ($MATRIX_TESTS) on
+#                         every release in e2e/k8s ($MATRIX_RELEASES),
+#                         one after another, each on its own control plane
+#
+# The full suite also runs the matrix scenario on the oldest release
+# ($MATRIX_OLDEST), after the e2e shards.
 #
 # Everything lands in _output/test: a log per job, the go test JSON
 # streams, the phases (phases.tsv) and the figures. The exit status is
@@ -23,8 +29,8 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 mode=${1:-full}
-case $mode in full | quick) ;; *)
-  echo "usage: hack/test.sh [full|quick]" >&2
+case $mode in full | quick | matrix) ;; *)
+  echo "usage: hack/test.sh [full|quick|matrix]" >&2
   exit 2
   ;;
 esac
@@ -41,6 +47,16 @@ CONFORMANCE_ARGS=${CONFORMANCE_ARGS:-}
 # slow watchers, the CSR identity, forwarding, field labels, bad start-up
 # input, and the suite's own claim check.
 QUICK_TESTS=${QUICK_TESTS:-'^(TestNFTablesKilledAgentFailsOpen|TestHungAgentFailsOpen|TestGracefulHandoff|TestAccessDecisions|TestCacheDifferential|TestCacheOnDemand|TestWatchFormsMatchKubeAPIServer|TestSlowWatcher|TestServingIdentity|TestPassThrough|TestFieldLabelsMatchKubeAPIServer|TestBadStartupInput|TestEveryTestClaims)$'}
+# The compact scenario that runs on every supported release: cached reads
+# for each kind of caller (ServiceAccount tokens, users and groups, client
+# certificates), watches and their fan-out, watch-list informers, a
+# consistent read across clients, the CSR path to the serving
+# certificate, the field label tables against that kube-apiserver,
+# degraded mode in and out, a watch from resourceVersion 1, and the
+# node's pods followed when node impersonation is refused.
+MATRIX_TESTS=${MATRIX_TESTS:-'^(TestAccessDecisions|TestClientCertificateCaller|TestWatchFormsMatchKubeAPIServer|TestWatchListInformers|TestConsistentReadsAcrossClients|TestServingIdentity|TestFieldLabelsMatchKubeAPIServer|TestDegradedMode|TestDifferentialForms|TestNodeImpersonationRefused|TestEveryTestClaims)$'}
+MATRIX_RELEASES=${MATRIX_RELEASES:-$(cd "$root/e2e/k8s" && echo 1.*)}
+MATRIX_OLDEST=${MATRIX_OLDEST:-${MATRIX_RELEASES%% *}}
 pkg=github.com/kube-apicache/kube-apicache/e2e
 
 out=$root/_output/test
@@ -96,14 +112,20 @@ wait_jobs() {
   done
 }
 
-# e2e_shard I TESTS runs the prebuilt e2e binary as shard I (of the
-# processes sharing $out/claims) through test2json.
+# e2e_shard I TESTS [BIN_DIR] runs the prebuilt e2e binary as shard I (of
+# the processes sharing $out/claims) through test2json, against the
+# control plane in BIN_DIR ($BIN_DIR by default).
 e2e_shard() {
-  local i=$1 run=$2
+  local i=$1 run=$2 bin=${3:-$BIN_DIR} claims=$out/claims
+  if [ "$bin" != "$BIN_DIR" ]; then
+    # Another release: a process of its own, which shares out no tests.
+    claims=$out/claims-$i
+    mkdir -p "$claims"
+  fi
   (
     cd "$root/e2e" &&
-      KUBE_APICACHE_E2E_CLAIMS=$out/claims KUBE_APICACHE_E2E_SHARD=$i \
-        KUBE_APICACHE_FIGURES=$out/figures-$i.txt KUBE_APICACHE_BIN_DIR=$BIN_DIR \
+      KUBE_APICACHE_E2E_CLAIMS=$claims KUBE_APICACHE_E2E_SHARD=$i \
+        KUBE_APICACHE_FIGURES=$out/figures-$i.txt KUBE_APICACHE_BIN_DIR=$bin \
         KUBE_APICACHE_IMAGES_DIR=$IMAGES_DIR \
         "$out/e2e.test" -test.v=test2json -test.count=1 -test.timeout "$E2E_TIMEOUT" -test.run "$run" 2>&1
   ) | "$GO" tool test2json -t -p "$pkg" | "$out/testreport" stream --json "$out/e2e-$i.json"
@@ -134,10 +156,42 @@ conformance() {
   "$GO" run ./e2e/conformance --bin-dir "$BIN_DIR" --parallel $CONFORMANCE_ARGS
 }
 
+# release_bin MINOR is where that release's control plane is built.
+release_bin() {
+  if [ "$1" = "$(cat "$root/e2e/k8s/default")" ]; then
+    echo "$BIN_DIR"
+  else
+    echo "$root/_output/k8s-$1/bin"
+  fi
+}
+
+# matrix_shard MINOR runs the matrix scenario on that release, with no
+# real node (the matrix needs none).
+matrix_shard() {
+  KUBE_APICACHE_REAL_NODE= e2e_shard "k8s-$1" "$MATRIX_TESTS" "$(release_bin "$1")"
+}
+
 mkdir -p "$out/claims"
+if [ "$mode" = matrix ]; then
+  phase "build: system packages" make --no-print-directory deps
+  for minor in $MATRIX_RELEASES; do
+    phase "build: control plane $minor" make --no-print-directory control-plane KUBE_MINOR="$minor" BIN_DIR="$(release_bin "$minor")"
+  done
+  phase "build: test binaries" bash -c "'$GO' build -o '$out/testreport' ./e2e/testreport && '$GO' test -c -o '$out/e2e.test' ./e2e"
+  for minor in $MATRIX_RELEASES; do
+    phase "e2e: Kubernetes $minor" matrix_shard "$minor"
+  done
+  echo
+  echo "--- results"
+  grep -hE '^(ok|FAIL|panic:)' "$out"/e2e-*.log 2>/dev/null || true
+  echo
+  "$out/testreport" summary --phases "$phases" "$out"/e2e-*.json || status=1
+  exit "$status"
+fi
 if [ "$mode" = full ]; then
   phase "build: system packages" make --no-print-directory deps node-deps apt-lists
   phase "build: control plane" make --no-print-directory control-plane
+  phase "build: control plane $MATRIX_OLDEST" make --no-print-directory control-plane KUBE_MINOR="$MATRIX_OLDEST" BIN_DIR="$(release_bin "$MATRIX_OLDEST")"
   phase "build: node binaries" make --no-print-directory node-binaries
   phase "build: images" make --no-print-directory image e2e-images
 else
@@ -163,6 +217,11 @@ else
   job e2e-1 e2e_shard 1 "$QUICK_TESTS"
 fi
 wait_jobs
+if [ "$mode" = full ]; then
+  # After the shards rather than beside them: a third control plane on
+  # the same cores would slow every scenario's deadlines.
+  phase "e2e: Kubernetes $MATRIX_OLDEST" matrix_shard "$MATRIX_OLDEST"
+fi
 
 figures=$(cat "$out"/figures-*.txt 2>/dev/null)
 if [ -n "$figures" ]; then

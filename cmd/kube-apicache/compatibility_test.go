@@ -52,9 +52,11 @@ var kubeModuleRef = regexp.MustCompile(`(?m)^(?:require)?\s*k8s\.io/kubernetes (
 var proxyModeRef = regexp.MustCompile(`startRealNodeSandbox\(.*,\s*"([a-z]+)"\)`)
 
 // TestCompatibilityMatrix keeps the README's compatibility matrix honest:
-// the one Kubernetes version it marks tested is the release the e2e build
-// scripts and tools modules pin, and the kube-proxy modes it marks tested are exactly those
-// the e2e suite runs a real kube-proxy in.
+// the Kubernetes releases it marks tested are exactly those e2e/k8s pins
+// (hack/test.sh runs the matrix scenario on each), the one it says the
+// whole suite runs on is the release the e2e builds pin, and the
+// kube-proxy modes it marks tested are exactly those the e2e suite runs a
+// real kube-proxy in.
 func TestCompatibilityMatrix(t *testing.T) {
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -90,18 +92,42 @@ func TestCompatibilityMatrix(t *testing.T) {
 	if len(pinned) != 1 {
 		t.Fatalf("the build scripts and the e2e tools pin several Kubernetes versions: %v", pinned)
 	}
+	// Every release in e2e/k8s is tested (the default by the whole
+	// suite, the others by the matrix scenario), and no other.
+	releases, err := filepath.Glob("../../e2e/k8s/1.*/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, mod := range releases {
+		b, err := os.ReadFile(mod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := kubeModuleRef.FindSubmatch(b)
+		if m == nil {
+			t.Fatalf("%s requires no k8s.io/kubernetes", mod)
+		}
+		want = append(want, string(m[1]))
+	}
 	var testedKube []string
 	for _, r := range rows {
 		if r.dimension == "Kubernetes" && r.tested() {
-			testedKube = append(testedKube, r.value)
+			first, _, _ := strings.Cut(r.value, " ")
+			testedKube = append(testedKube, first)
+			if _, ok := pinned[first]; ok && !strings.Contains(r.status, "whole e2e suite") {
+				t.Errorf("the matrix row of %s, the suite's release, does not say the whole e2e suite runs on it", first)
+			}
 		}
 	}
-	if len(testedKube) != 1 {
-		t.Fatalf("the matrix marks %d Kubernetes rows tested (%q), want one", len(testedKube), testedKube)
+	slices.Sort(want)
+	slices.Sort(testedKube)
+	if !slices.Equal(testedKube, want) {
+		t.Errorf("the matrix marks Kubernetes %v tested; e2e/k8s pins %v", testedKube, want)
 	}
 	for v := range pinned {
-		if first, _, _ := strings.Cut(testedKube[0], " "); first != v {
-			t.Errorf("the matrix marks Kubernetes %q tested; the e2e builds pin %s", testedKube[0], v)
+		if !slices.Contains(testedKube, v) {
+			t.Errorf("the e2e builds pin %s, which the matrix does not mark tested", v)
 		}
 	}
 

@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -84,6 +85,9 @@ type Cluster struct {
 	Admin       kubernetes.Interface
 	// AuditLog is kube-apiserver's audit log (JSON lines, every request).
 	AuditLog string
+	// Minor is the control plane's minor release (37 for v1.37.2), read
+	// from kube-apiserver --version: the flags differ between releases.
+	Minor int
 
 	opts Options
 	id   string
@@ -167,6 +171,9 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	c := &Cluster{Dir: dir, opts: opts, id: strconv.Itoa(os.Getpid()), nextPodIP: 10}
+	if c.Minor, err = binaryMinor(filepath.Join(opts.BinDir, "kube-apiserver")); err != nil {
+		return nil, err
+	}
 	liveMu.Lock()
 	live[c] = true
 	if started++; started > 1 {
@@ -349,6 +356,32 @@ func (c *Cluster) writePKI() error {
 	return os.WriteFile(c.path("audit-policy.yaml"), []byte(auditPolicy), 0o644)
 }
 
+// binaryMinor runs a Kubernetes binary's --version ("Kubernetes v1.37.2")
+// and returns its minor release.
+func binaryMinor(bin string) (int, error) {
+	out, err := exec.Command(bin, "--version").Output()
+	if err != nil {
+		return 0, fmt.Errorf("%s --version: %w", bin, err)
+	}
+	v, err := utilversion.ParseGeneric(strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "Kubernetes ")))
+	if err != nil || v.Major() != 1 {
+		return 0, fmt.Errorf("%s --version: cannot read %q", bin, strings.TrimSpace(string(out)))
+	}
+	return int(v.Minor()), nil
+}
+
+// runtimeConfig turns on the beta (in 1.34, alpha) versions of
+// certificates.k8s.io that serve ClusterTrustBundles and
+// PodCertificateRequests: PodCertificateRequest went from v1alpha1 to
+// v1beta1 in 1.35.
+func (c *Cluster) runtimeConfig() string {
+	pcr := "certificates.k8s.io/v1beta1/podcertificaterequests=true"
+	if c.Minor < 35 {
+		pcr = "certificates.k8s.io/v1alpha1/podcertificaterequests=true"
+	}
+	return "certificates.k8s.io/v1beta1/clustertrustbundles=true," + pcr
+}
+
 // KubernetesServiceNames are the DNS names of the kubernetes Service.
 func KubernetesServiceNames() []string {
 	return []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc." + ClusterDomain}
@@ -414,7 +447,7 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 			// label tables for: served here, so that the tables are
 			// checked against kube-apiserver like the others.
 			"--feature-gates", "ClusterTrustBundle=true,PodCertificateRequest=true",
-			"--runtime-config", "certificates.k8s.io/v1beta1/clustertrustbundles=true,certificates.k8s.io/v1beta1/podcertificaterequests=true",
+			"--runtime-config", c.runtimeConfig(),
 			"--allow-privileged",
 			"--audit-policy-file", c.path("audit-policy.yaml"),
 			"--audit-log-path", c.AuditLog,
