@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/netip"
 	"net/url"
 	"strings"
@@ -29,10 +30,15 @@ import (
 // front of the forwarder (the written ConfigMaps are not cached, as in the
 // "writes" case of make bench). Client and upstream speak HTTP/2 over TLS,
 // in process. The "direct" sub-benchmarks send the same requests to the
-// upstream without the agent: what the client and the upstream cost, so
-// that the agent's own share per request is the difference.
+// upstream without the agent: what the client and the upstream cost. The
+// "floor" sub-benchmarks send them through the least a forwarding agent
+// can be, in Go: an HTTPS server with HTTP/2 (and, as the agent's here,
+// httptest's certificate), whose handler is an httputil.ReverseProxy that only sets the upstream's
+// URL, over a transport like the agent's (newFloorProxy). floor − direct
+// is what a second HTTP/2 hop costs any such agent; agent − floor is the
+// agent's own share per request.
 //
-//	go test ./agent -run '^$' -bench ForwardWrite -benchmem
+//	go test ./agent/serving -run '^$' -bench ForwardWrite -benchmem
 func BenchmarkForwardWrite(b *testing.B) {
 	payload := strings.Repeat("x", 1024)
 	object := func(gen int) []byte {
@@ -63,12 +69,18 @@ func BenchmarkForwardWrite(b *testing.B) {
 	front.StartTLS()
 	defer front.Close()
 
+	floor := httptest.NewUnstartedServer(newFloorProxy(upstream))
+	floor.EnableHTTP2 = true
+	floor.StartTLS()
+	defer floor.Close()
+
 	for _, path := range []struct {
 		name   string
 		base   string
 		client *http.Client
 	}{
 		{"agent", front.URL, front.Client()},
+		{"floor", floor.URL, floor.Client()},
 		{"direct", upstream.URL, upstream.Client()},
 	} {
 		coll := path.base + "/api/v1/namespaces/bench/configmaps"
@@ -112,17 +124,38 @@ func BenchmarkForwardWrite(b *testing.B) {
 	}
 }
 
+// newFloorProxy returns the cheapest forwarding handler to srv over HTTP/2:
+// an httputil.ReverseProxy that sets the upstream's URL and nothing else,
+// over newBenchTransport, with the agent's pool of copy buffers (without
+// one, httputil.ReverseProxy allocates 32 KiB per request, which no agent
+// needs to pay). No limits, metrics, authentication, cache or retries.
+func newFloorProxy(srv *httptest.Server) http.Handler {
+	u, _ := url.Parse(srv.URL)
+	return &httputil.ReverseProxy{
+		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(u) },
+		Transport:  newBenchTransport(srv),
+		BufferPool: copyBuffers,
+	}
+}
+
+// newBenchTransport returns a transport to srv with the settings
+// upstream.New gives the agent's (HTTP/2, idle connections, receive
+// buffer per stream), trusting srv's certificate.
+func newBenchTransport(srv *httptest.Server) *http.Transport {
+	t := srv.Client().Transport.(*http.Transport).Clone()
+	t.ForceAttemptHTTP2 = true
+	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1000, 100
+	t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: DefaultHTTP2MaxUpstreamStreamBuffer}
+	return t
+}
+
 // newBenchAgent returns an agent, with a cache of pods and services and
 // the default limits, that forwards to upstream over HTTP/2 with the
 // transport settings of upstream.New.
 func newBenchAgent(b *testing.B, srv *httptest.Server) *Server {
 	b.Helper()
 	u, _ := url.Parse(srv.URL)
-	t := srv.Client().Transport.(*http.Transport).Clone()
-	t.ForceAttemptHTTP2 = true
-	t.MaxIdleConns, t.MaxIdleConnsPerHost = 1000, 100
-	t.HTTP2 = &http.HTTP2Config{MaxReceiveBufferPerStream: DefaultHTTP2MaxUpstreamStreamBuffer}
-	up := upstream.NewWithTransport(t, upstream.Config{Endpoints: []*url.URL{u}, MaxBufferedBodyBytes: DefaultMaxBufferedBodyBytes})
+	up := upstream.NewWithTransport(newBenchTransport(srv), upstream.Config{Endpoints: []*url.URL{u}, MaxBufferedBodyBytes: DefaultMaxBufferedBodyBytes})
 	drain, startDrain := context.WithCancel(context.Background())
 	b.Cleanup(startDrain)
 	reg := prometheus.NewRegistry()

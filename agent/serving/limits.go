@@ -573,6 +573,12 @@ func sourceOf(remoteAddr string) string {
 // holds its slot for as long as the client keeps its connection. (net/http
 // lifts an HTTP/1.1 connection's write deadline after each request, so the
 // next request on it starts without one.)
+//
+// Not inlined into the chain's constructor, where its handler would be
+// compiled without http.NewResponseController inlined, which then
+// allocates the controller on every request.
+//
+//go:noinline
 func (s *Server) withRequestTimeout(h http.Handler, timeout time.Duration) http.Handler {
 	timeouts := newThrottledLog("Ended answers not written within the request timeout", "")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -640,16 +646,22 @@ func bodyIgnored(r *http.Request) bool {
 // deadline is lifted as soon as the body has been read, so it never
 // limits how long the answer takes. The request must carry its
 // RequestInfo.
+//
+// Not inlined into the chain's constructor, where its handler would be
+// compiled without http.NewResponseController inlined, which then
+// allocates the controller on every request.
+//
+//go:noinline
 func withBodyDeadline(h http.Handler, timeout time.Duration) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Body == nil || r.Body == http.NoBody || apihttp.IsUpgrade(r) || apihttp.IsLongRunning(r) {
 			h.ServeHTTP(w, r)
 			return
 		}
-		rc := http.NewResponseController(w)
 		deadline := time.Now().Add(timeout)
-		if rc.SetReadDeadline(deadline) == nil {
-			b := &deadlineBody{ReadCloser: r.Body, rc: rc, timeout: timeout, deadline: deadline}
+		// The controller is part of the body, not a second allocation.
+		b := &deadlineBody{ReadCloser: r.Body, rc: *http.NewResponseController(w), timeout: timeout, deadline: deadline}
+		if b.rc.SetReadDeadline(deadline) == nil {
 			r = r.WithContext(context.WithValue(r.Context(), deadlineBodyKey{}, b))
 			r.Body = b
 		}
@@ -666,7 +678,7 @@ type deadlineBodyKey struct{}
 // body before it answers, and must not wait for it forever.
 type deadlineBody struct {
 	io.ReadCloser
-	rc       *http.ResponseController
+	rc       http.ResponseController
 	timeout  time.Duration
 	deadline time.Time
 	complete atomic.Bool
