@@ -194,7 +194,7 @@ const fieldLabelNS = "field-labels"
 // fieldSelectorResources are the resources TestFieldSelectorsThroughAgent
 // caches: every built-in resource with field labels of its own that
 // kube-apiserver serves by default, and two with the metadata fields only.
-var fieldSelectorResources = []struct {
+type fieldSelectorResource struct {
 	gvr schema.GroupVersionResource
 	// spec is the --cache-resources entry.
 	spec string
@@ -204,7 +204,9 @@ var fieldSelectorResources = []struct {
 	// namespaced lists are made in fieldLabelNS, away from other
 	// scenarios' churn.
 	namespaced bool
-}{
+}
+
+var fieldSelectorResources = []fieldSelectorResource{
 	{gvr: corev1.SchemeGroupVersion.WithResource("pods"), spec: "pods", scope: "spec.nodeName=" + sandbox.NodeName},
 	{gvr: corev1.SchemeGroupVersion.WithResource("nodes"), spec: "nodes", scope: "metadata.name=" + sandbox.NodeName},
 	{gvr: corev1.SchemeGroupVersion.WithResource("namespaces"), spec: "namespaces"},
@@ -218,9 +220,54 @@ var fieldSelectorResources = []struct {
 	{gvr: schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "replicasets"}, spec: "replicasets.apps", namespaced: true},
 	{gvr: certificatesv1.SchemeGroupVersion.WithResource("certificatesigningrequests"), spec: "certificatesigningrequests.certificates.k8s.io"},
 	{gvr: resourcev1.SchemeGroupVersion.WithResource("resourceslices"), spec: "resourceslices.resource.k8s.io"},
-	// Beta, served by the sandbox for this check.
+	// GA in 1.37, beta before (served by the sandbox for this check): at
+	// the version the cache resolves (servedSelectorResources).
 	{gvr: certificatesv1beta1.SchemeGroupVersion.WithResource("clustertrustbundles"), spec: "clustertrustbundles.certificates.k8s.io"},
 	{gvr: certificatesv1beta1.SchemeGroupVersion.WithResource("podcertificaterequests"), spec: "podcertificaterequests.certificates.k8s.io", namespaced: true},
+}
+
+// servedSelectorResources is fieldSelectorResources at the versions the
+// sandbox's kube-apiserver serves them, as the cache resolves a resource
+// named without one: the first version, in the server's order of
+// preference, that serves it. A resource served only at a version this
+// client's scheme lacks (1.34's v1alpha1 PodCertificateRequests) is left
+// out: the cache forwards it.
+func servedSelectorResources(t *testing.T, c *sandbox.Cluster) []fieldSelectorResource {
+	t.Helper()
+	groups, err := c.Admin.Discovery().ServerGroups()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []fieldSelectorResource
+	for _, r := range fieldSelectorResources {
+		if r.gvr.Group != certificatesv1.GroupName || r.gvr.Resource == "certificatesigningrequests" {
+			out = append(out, r)
+			continue
+		}
+		for _, g := range groups.Groups {
+			if g.Name != r.gvr.Group {
+				continue
+			}
+			for _, v := range g.Versions {
+				list, err := c.Admin.Discovery().ServerResourcesForGroupVersion(v.GroupVersion)
+				if err != nil {
+					t.Fatal(err)
+				}
+				served := false
+				for _, ar := range list.APIResources {
+					if ar.Name == r.gvr.Resource && scheme.Scheme.Recognizes(schema.GroupVersionKind{Group: g.Name, Version: v.Version, Kind: ar.Kind}) {
+						served = true
+					}
+				}
+				if served {
+					r.gvr.Version = v.Version
+					out = append(out, r)
+					break
+				}
+			}
+		}
+	}
+	return out
 }
 
 // TestFieldSelectorsThroughAgent is the field selector scenario.
@@ -244,10 +291,11 @@ func TestFieldSelectorsThroughAgent(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	createFieldLabelObjects(t, ctx, c)
+	resources := servedSelectorResources(t, c)
 
 	var specs []string
 	var rules []rbacv1.PolicyRule
-	for _, r := range fieldSelectorResources {
+	for _, r := range resources {
 		specs = append(specs, r.spec)
 		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{r.gvr.Group}, Resources: []string{r.gvr.Resource}, Verbs: readVerbs})
 	}
@@ -275,7 +323,7 @@ func TestFieldSelectorsThroughAgent(t *testing.T) {
 	}
 	refused := []string{"spec.bogus", "status.replicas", "metadata.uid"}
 	var compared, hits, forwards int
-	for _, r := range fieldSelectorResources {
+	for _, r := range resources {
 		ns := ""
 		if r.namespaced {
 			ns = fieldLabelNS
@@ -349,7 +397,7 @@ func TestFieldSelectorsThroughAgent(t *testing.T) {
 		}
 	}
 	figuref(t, "field selectors: %d lists over %d resources compared through the agent and directly; %d answered by the cache, %d forwarded for a label kube-apiserver refuses",
-		compared, len(fieldSelectorResources), hits, forwards)
+		compared, len(resources), hits, forwards)
 }
 
 // waitSynced waits until the agent's cache has synced every resource of

@@ -242,6 +242,8 @@ var builtinFieldLabels = map[schema.GroupResource]FieldLabels{
 		Labels: accept("metadata.name", "spec.signerName"),
 		Set: func(obj runtime.Object) fields.Set {
 			switch b := obj.(type) {
+			case *certificatesv1.ClusterTrustBundle:
+				return fields.Set{"spec.signerName": b.Spec.SignerName}
 			case *certificatesv1beta1.ClusterTrustBundle:
 				return fields.Set{"spec.signerName": b.Spec.SignerName}
 			case *certificatesv1alpha1.ClusterTrustBundle:
@@ -255,6 +257,9 @@ var builtinFieldLabels = map[schema.GroupResource]FieldLabels{
 		Labels: accept("metadata.name", "spec.signerName", "spec.podName", "spec.nodeName"),
 		Set: func(obj runtime.Object) fields.Set {
 			switch r := obj.(type) {
+			case *certificatesv1.PodCertificateRequest:
+				return fields.Set{"spec.signerName": r.Spec.SignerName, "spec.podName": r.Spec.PodName,
+					"spec.nodeName": string(r.Spec.NodeName)}
 			case *certificatesv1beta1.PodCertificateRequest:
 				return fields.Set{"spec.signerName": r.Spec.SignerName, "spec.podName": r.Spec.PodName,
 					"spec.nodeName": string(r.Spec.NodeName)}

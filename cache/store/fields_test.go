@@ -1,16 +1,19 @@
 package store
 
 import (
+	"strings"
 	"testing"
 
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	resourcev1 "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/scheme"
 )
 
 // TestFieldLabels: each selector is converted and matched as kube-apiserver
@@ -104,5 +107,36 @@ func TestForServer(t *testing.T) {
 	pods := FieldLabelsFor(schema.GroupResource{Resource: "pods"}, true, true)
 	if got := ForServer(schema.GroupResource{Resource: "pods"}, pods, 0); len(got.Labels) != len(pods.Labels) {
 		t.Errorf("pods: %d labels for an unknown release, want all %d", len(got.Labels), len(pods.Labels))
+	}
+}
+
+// TestFieldSetsEveryServedVersion: every version client-go knows of a
+// resource with field labels of its own has its fields computed, so that
+// a version kube-apiserver starts preferring (a beta going GA) is not
+// matched against an empty field set.
+func TestFieldSetsEveryServedVersion(t *testing.T) {
+	// Versions no supported kube-apiserver (1.30 on) serves any more.
+	removed := map[schema.GroupVersion]bool{{Group: "events.k8s.io", Version: "v1beta1"}: true}
+	checked := 0
+	for gvk := range scheme.Scheme.AllKnownTypes() {
+		if strings.HasSuffix(gvk.Kind, "List") || gvk.Version == runtime.APIVersionInternal || removed[gvk.GroupVersion()] {
+			continue
+		}
+		gvr, _ := meta.UnsafeGuessKindToResource(gvk)
+		fl, ok := builtinFieldLabels[gvr.GroupResource()]
+		if !ok || fl.Set == nil {
+			continue
+		}
+		obj, err := scheme.Scheme.New(gvk)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(fl.Set(obj)) == 0 {
+			t.Errorf("%s: no fields computed for its field labels", gvk)
+		}
+		checked++
+	}
+	if checked < 10 {
+		t.Fatalf("checked %d kinds, want every version of the resources with field labels", checked)
 	}
 }
