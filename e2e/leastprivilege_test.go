@@ -37,7 +37,13 @@ const (
 // answer and its headers.
 func asAgent(t *testing.T, ctx context.Context, c *sandbox.Cluster, a *sandbox.Agent, path string, hdr map[string][]string) (rawResponse, http.Header) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.APIServers()[0].URL+path, nil)
+	return asAgentAt(t, ctx, c.APIServers()[0].URL, a, path, hdr)
+}
+
+// asAgentAt is asAgent against the kube-apiserver at base.
+func asAgentAt(t *testing.T, ctx context.Context, base string, a *sandbox.Agent, path string, hdr map[string][]string) (rawResponse, http.Header) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

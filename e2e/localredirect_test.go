@@ -71,13 +71,13 @@ func TestExternalDataplaneLocalRedirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	redirect := []string{"-t", "nat", "OUTPUT", "-d", sandbox.ServiceVIP + "/32", "-p", "tcp", "--dport", strconv.Itoa(sandbox.ServicePort),
+	redirect := []string{"OUTPUT", "-d", sandbox.ServiceVIP + "/32", "-p", "tcp", "--dport", strconv.Itoa(sandbox.ServicePort),
 		"-j", "DNAT", "--to-destination", agentPod.IP + ":" + strconv.Itoa(sandbox.AgentListenPort)}
-	if err := client.NetNS.Run(ctx, append([]string{"iptables", "-I"}, redirect...)...); err != nil {
+	if err := client.NetNS.Run(ctx, append([]string{"iptables", "-t", "nat", "-I"}, redirect...)...); err != nil {
 		t.Fatalf("stand-in redirect: %v", err)
 	}
 	withdraw := func() {
-		_ = client.NetNS.Run(ctx, append([]string{"iptables", "-D"}, redirect...)...)
+		_ = client.NetNS.Run(ctx, append([]string{"iptables", "-t", "nat", "-D"}, redirect...)...)
 	}
 	defer withdraw()
 
