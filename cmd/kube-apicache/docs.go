@@ -62,9 +62,9 @@ func generatedDocs(root *cobra.Command) map[string]string {
 		}
 		return c
 	}
-	approver, cleanup := sub("approver"), sub("cleanup")
+	approver, cleanup, diff := sub("approver"), sub("cleanup"), sub("diff")
 	var flags strings.Builder
-	for _, c := range []*cobra.Command{root, approver, cleanup} {
+	for _, c := range []*cobra.Command{root, approver, cleanup, diff} {
 		fmt.Fprintf(&flags, "`%s --help`:\n\n```\n", c.CommandPath())
 		var b bytes.Buffer
 		c.SetOut(&b)

@@ -109,7 +109,7 @@ func TestHelpListsSubcommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, name := range []string{"approver", "cleanup", "status", "version"} {
+	for _, name := range []string{"approver", "cleanup", "status", "diff", "version"} {
 		sub, _, err := cmd.Find([]string{name})
 		if err != nil || sub == cmd {
 			t.Fatalf("no subcommand %q", name)

@@ -45,10 +45,19 @@ func init() {
 func main() {
 	err := newCommand().Execute()
 	klog.Flush()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "kube-apicache: %s\n", oneLine(err))
-		os.Exit(1)
+	if err == nil {
+		return
 	}
+	code := 1
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+		if ee.err == nil {
+			os.Exit(code)
+		}
+	}
+	fmt.Fprintf(os.Stderr, "kube-apicache: %s\n", oneLine(err))
+	os.Exit(code)
 }
 
 // oneLine keeps start-up errors to a single line, as operators read them in
@@ -221,7 +230,7 @@ overrides.`,
 		}
 		cmd.Flags().AddFlagSet(nfs.FlagSets[name])
 	}
-	cmd.AddCommand(newApproverCommand(), newCleanupCommand(), newVersionCommand(), newStatusCommand(), newDocsCommand(cmd))
+	cmd.AddCommand(newApproverCommand(), newCleanupCommand(), newVersionCommand(), newStatusCommand(), newDiffCommand(), newDocsCommand(cmd))
 	rootHelp(cmd, nfs)
 	for _, sub := range cmd.Commands() {
 		subcommandHelp(sub, nfs.FlagSet("logging"))
