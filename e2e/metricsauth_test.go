@@ -17,7 +17,7 @@ import (
 )
 
 // The agent's review budget for new tokens on its metrics listener
-// (agent/status/auth.go).
+// (agent/internal/metricsserver/auth.go).
 const (
 	metricsReviewQPS   = 0.2
 	metricsReviewBurst = 5
