@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -36,17 +35,15 @@ func startApproverReplica(t *testing.T, ctx context.Context, c *sandbox.Cluster,
 	return pod, proc
 }
 
-// approverGet fetches path from an approver's metrics port, inside its pod.
-func approverGet(ctx context.Context, pod *sandbox.Pod, path string) (int, string, error) {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: pod.NetNS.DialContext, DisableKeepAlives: true}}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:10446"+path, nil)
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b), err
+// approverMetricsAddr is the approver's metrics listener, on the pod's
+// network (--metrics-bind-address=:10446).
+const approverMetricsAddr = "127.0.0.1:10446"
+
+// approverGet fetches path from an approver's metrics listener over HTTPS,
+// inside its pod, with token as the bearer token ("" sends none).
+func approverGet(ctx context.Context, pod *sandbox.Pod, path, token string) (int, string, error) {
+	code, b, err := sandbox.AgentGetWithToken(ctx, pod.NetNS, approverMetricsAddr, path, token, 5*time.Second)
+	return code, string(b), err
 }
 
 // leaseHolder returns the approver Lease's holder, or "".
@@ -139,7 +136,7 @@ func TestCertificatesAtFleetScale(t *testing.T) {
 			var code int
 			var body string
 			_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
-				code, body, err = approverGet(ctx, pod, path)
+				code, body, err = approverGet(ctx, pod, path, "")
 				return err == nil, nil
 			})
 			if err != nil || code != http.StatusOK {
@@ -147,8 +144,12 @@ func TestCertificatesAtFleetScale(t *testing.T) {
 			}
 		}
 	}
-	_, leaderMetrics, _ := approverGet(ctx, leaderPod, "/metrics")
-	_, standbyMetrics, _ := approverGet(ctx, standbyPod, "/metrics")
+	scraper, err := c.ScraperToken(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, leaderMetrics, _ := approverGet(ctx, leaderPod, "/metrics", scraper)
+	_, standbyMetrics, _ := approverGet(ctx, standbyPod, "/metrics", scraper)
 	if !strings.Contains(leaderMetrics, "kube_apicache_approver_leader 1") || !strings.Contains(standbyMetrics, "kube_apicache_approver_leader 0") {
 		t.Errorf("leader gauges: leader's %q, standby's %q; want 1 and 0",
 			grepLines(leaderMetrics, "kube_apicache_approver_leader"), grepLines(standbyMetrics, "kube_apicache_approver_leader"))

@@ -12,12 +12,13 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
 
 // The agent's review budget for new tokens on its metrics listener
-// (agent/status/auth.go).
+// (agent/internal/metricsserver/auth.go).
 const (
 	metricsReviewQPS   = 0.2
 	metricsReviewBurst = 5
@@ -142,6 +143,72 @@ func TestMetricsAccessControl(t *testing.T) {
 	}
 	if code, _ := get("/healthz", ""); code != http.StatusOK {
 		t.Errorf("/healthz right after the burst = %d, want 200", code)
+	}
+}
+
+// TestApproverMetricsAccessControl checks the approver's metrics listener
+// as the approver PodMonitor and a tenant meet it: HTTPS, tokens checked
+// with kube-apiserver under the approver's own RBAC (approver.yaml), RBAC
+// deciding, the probes open.
+func TestApproverMetricsAccessControl(t *testing.T) {
+	c := requireCluster(t)
+	dumpOnFailure(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// Given an approver replica (leading or standing by: its listener is
+	// the same),
+	pod, proc := startApproverReplica(t, ctx, c)
+	var code int
+	var body string
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		if done, err := proc.Exited(); done {
+			return false, fmt.Errorf("approver exited (%v): %s", err, tailLines(proc.Log(), 20))
+		}
+		var err error
+		code, body, err = approverGet(ctx, pod, "/healthz", "")
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("the approver's listener never answered: %v", err)
+	}
+	// when the kubelet probes without credentials, it is answered,
+	if code != http.StatusOK {
+		t.Errorf("anonymous /healthz = %d %q, want 200", code, body)
+	}
+	for _, p := range []string{"/livez", "/readyz"} {
+		if code, body, err := approverGet(ctx, pod, p, ""); err != nil || code != http.StatusOK {
+			t.Errorf("anonymous GET %s = %d %q (%v), want 200", p, code, body, err)
+		}
+	}
+	// an anonymous scrape is forbidden,
+	if code, body, err := approverGet(ctx, pod, "/metrics", ""); err != nil || code != http.StatusForbidden || !strings.Contains(body, "system:anonymous") {
+		t.Errorf("anonymous scrape = %d %.200q (%v), want 403 for system:anonymous", code, body, err)
+	}
+	// a made-up token is unauthenticated,
+	if code, body, err := approverGet(ctx, pod, "/metrics", "made-up"); err != nil || code != http.StatusUnauthorized {
+		t.Errorf("scrape with a made-up token = %d %.200q (%v), want 401", code, body, err)
+	}
+	// a ServiceAccount without the grant is forbidden,
+	const tenantNS = "e2e-metrics-tenant"
+	if err := c.EnsureServiceAccount(ctx, tenantNS, "app"); err != nil {
+		t.Fatal(err)
+	}
+	tenant, _, err := c.ServiceAccountToken(ctx, tenantNS, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body, err := approverGet(ctx, pod, "/metrics", tenant); err != nil || code != http.StatusForbidden || !strings.Contains(body, "system:serviceaccount:"+tenantNS+":app") {
+		t.Errorf("scrape with a token RBAC does not allow = %d %.200q (%v), want 403 naming the user", code, body, err)
+	}
+	// then a scraper bound to kube-apicache:metrics-reader reads the
+	// approver's metrics.
+	scraper, err := c.ScraperToken(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body, err := approverGet(ctx, pod, "/metrics", scraper); err != nil || code != http.StatusOK || !strings.Contains(body, "kube_apicache_approver_leader") {
+		t.Errorf("scrape with the metrics-reader token = %d %.200q (%v), want 200 with the approver's metrics", code, body, err)
 	}
 }
 

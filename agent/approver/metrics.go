@@ -51,8 +51,10 @@ func NewMetrics() *Metrics {
 	return m
 }
 
-// Handler serves /metrics, /healthz (liveness: 200 unless healthz returns
-// an error) and /readyz (200 unless readyz returns an error), plain HTTP.
+// Handler serves /metrics, /healthz and /livez (liveness: 200 unless
+// healthz returns an error) and /readyz (200 unless readyz returns an
+// error). It checks no credentials: NewListener serves it behind the
+// metrics listener's authentication and authorization.
 func (m *Metrics) Handler(healthz, readyz func(*http.Request) error) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{}))
@@ -68,6 +70,7 @@ func (m *Metrics) Handler(healthz, readyz func(*http.Request) error) http.Handle
 		}
 	}
 	mux.Handle("/healthz", probe(healthz))
+	mux.Handle("/livez", probe(healthz))
 	mux.Handle("/readyz", probe(readyz))
 	return mux
 }

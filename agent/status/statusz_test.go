@@ -46,7 +46,7 @@ func TestStatusz(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, body, hdr := metricsGet(s.handler, http.MethodGet, StatuszPath, "")
+	code, body, hdr := metricsGet(s.listener.Handler(), http.MethodGet, StatuszPath, "")
 	if code != http.StatusOK || hdr.Get("Content-Type") != "application/json" {
 		t.Fatalf("GET %s = %d %s %q, want 200 JSON", StatuszPath, code, hdr.Get("Content-Type"), body)
 	}
@@ -115,11 +115,11 @@ func TestLocalPodsReported(t *testing.T) {
 			}
 			for _, path := range []string{"/intercepting", "/readyz"} {
 				want := tc.wantBody
-				if code, body, _ := metricsGet(s.handler, http.MethodGet, path, ""); code != http.StatusOK || body != want {
+				if code, body, _ := metricsGet(s.listener.Handler(), http.MethodGet, path, ""); code != http.StatusOK || body != want {
 					t.Errorf("GET %s = %d %q, want 200 %q", path, code, body, want)
 				}
 			}
-			_, body, _ := metricsGet(s.handler, http.MethodGet, StatuszPath, "")
+			_, body, _ := metricsGet(s.listener.Handler(), http.MethodGet, StatuszPath, "")
 			var got Status
 			if err := json.Unmarshal([]byte(body), &got); err != nil {
 				t.Fatal(err)

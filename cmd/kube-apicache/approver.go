@@ -43,6 +43,8 @@ type approverOptions struct {
 	qps            float32
 	burst          int
 	metricsAddress string
+	metricsCert    string
+	metricsKey     string
 	leaderElect    bool
 	leader         approver.LeaderElection
 	signerName     string
@@ -59,8 +61,9 @@ const (
 	defaultApproverQPS     = 100
 	defaultApproverBurst   = 200
 	defaultApproverWorkers = 10
-	// defaultApproverMetricsAddress serves /metrics, /healthz and /readyz
-	// on the pod's network for the kubelet's probes and a scraper.
+	// defaultApproverMetricsAddress serves /metrics, /healthz, /livez and
+	// /readyz over HTTPS on the pod's network for the kubelet's probes and
+	// a scraper.
 	defaultApproverMetricsAddress = ":10446"
 	// inClusterNamespaceFile names the pod's namespace, the Lease's
 	// default namespace.
@@ -120,7 +123,9 @@ Service's names or IPs; it leaves all other CSRs alone.`,
 	fs.DurationVar(&o.maxCSRAge, "max-csr-age", identity.PendingCSRTimeout, "Pending CSRs older than this are left undecided: the agents give up on a CSR after this long and send another. 0: no limit.")
 	fs.Float32Var(&o.qps, "kube-api-qps", defaultApproverQPS, "Requests per second to kube-apiserver (one per decision).")
 	fs.IntVar(&o.burst, "kube-api-burst", defaultApproverBurst, "Burst of requests to kube-apiserver.")
-	fs.StringVar(&o.metricsAddress, "metrics-bind-address", defaultApproverMetricsAddress, "host:port for plain-HTTP /metrics, /healthz and /readyz; empty disables.")
+	fs.StringVar(&o.metricsAddress, "metrics-bind-address", defaultApproverMetricsAddress, "host:port serving /metrics, /healthz, /livez and /readyz over HTTPS. /metrics needs a bearer token that kube-apiserver authenticates and RBAC allows (get on the nonResourceURL, as in the kube-apicache:metrics-reader ClusterRole); the others answer anyone. Empty disables.")
+	fs.StringVar(&o.metricsCert, "metrics-tls-cert-file", "", "Certificate chain (PEM) the metrics listener serves, reloaded as it changes; with --metrics-tls-private-key-file. Empty: a self-signed certificate made at start-up.")
+	fs.StringVar(&o.metricsKey, "metrics-tls-private-key-file", "", "Private key (PEM) of --metrics-tls-cert-file.")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "Decide CSRs only while holding the approver's Lease, so replicas can stand by.")
 	fs.StringVar(&o.leader.Namespace, "leader-elect-resource-namespace", "", "Namespace of the Lease; empty: the pod's own namespace (kube-apicache outside a pod).")
 	fs.StringVar(&o.leader.Name, "leader-elect-resource-name", "kube-apicache-approver", "Name of the Lease.")
@@ -153,13 +158,32 @@ func (o *approverOptions) run(ctx context.Context, cfg *rest.Config, client kube
 	}
 	health := leaderelection.NewLeaderHealthzAdaptor(20 * time.Second)
 	if o.metricsAddress != "" {
+		host, _ := os.Hostname()
+		l, err := approver.NewListener(approver.ListenerConfig{
+			Name:        host,
+			TLSCertFile: o.metricsCert,
+			TLSKeyFile:  o.metricsKey,
+			RESTConfig:  cfg,
+		}, metrics, health.Check, readyz)
+		if err != nil {
+			return err
+		}
 		ln, err := net.Listen("tcp", o.metricsAddress)
 		if err != nil {
 			return fmt.Errorf("--metrics-bind-address: %w", err)
 		}
-		srv := &http.Server{Handler: metrics.Handler(health.Check, readyz), ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
+		serveErr := make(chan error, 1)
+		srv, err := l.Start(ctx, ln, serveErr)
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
 		defer srv.Close()
+		go func() {
+			if err := <-serveErr; !errors.Is(err, http.ErrServerClosed) {
+				logger.Error(err, "Metrics listener stopped", "address", o.metricsAddress)
+			}
+		}()
 	}
 	if !o.leaderElect {
 		lead(ctx)
@@ -242,6 +266,9 @@ func (o *approverOptions) policy() (*approver.Policy, error) {
 	}
 	if o.maxCSRAge < 0 {
 		return nil, fmt.Errorf("--max-csr-age must not be negative")
+	}
+	if (o.metricsCert == "") != (o.metricsKey == "") {
+		return nil, fmt.Errorf("--metrics-tls-cert-file and --metrics-tls-private-key-file go together")
 	}
 	if o.qps <= 0 || o.burst < 1 {
 		return nil, fmt.Errorf("--kube-api-qps must be positive and --kube-api-burst at least 1")

@@ -9,7 +9,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -106,7 +105,7 @@ func benchApprover(ctx context.Context, c *sandbox.Cluster, bin string, n int) e
 			if done, err := proc.Exited(); done {
 				return fmt.Errorf("approver exited (%v): %s", err, logTail(proc.Log(), 20))
 			}
-			if m, err := approverMetrics(ctx, pod); err == nil {
+			if m, err := approverMetrics(ctx, c, pod); err == nil {
 				peakRSS = max(peakRSS, m["process_resident_memory_bytes"])
 				peakHeap = max(peakHeap, m["go_memstats_heap_inuse_bytes"])
 			}
@@ -139,7 +138,7 @@ func benchApprover(ctx context.Context, c *sandbox.Cluster, bin string, n int) e
 			}
 		}
 	}
-	m, err := approverMetrics(ctx, pod)
+	m, err := approverMetrics(ctx, c, pod)
 	if err != nil {
 		return err
 	}
@@ -260,18 +259,19 @@ func agentCSRPEM(node string) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), nil
 }
 
-// approverMetrics scrapes the approver's /metrics from inside its pod.
-func approverMetrics(ctx context.Context, pod *sandbox.Pod) (map[string]float64, error) {
-	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: pod.NetNS.DialContext, DisableKeepAlives: true}}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+approverMetricsAddr+"/metrics", nil)
-	resp, err := client.Do(req)
+// approverMetrics scrapes the approver's /metrics over HTTPS from inside
+// its pod, with the sandbox scraper's token.
+func approverMetrics(ctx context.Context, c *sandbox.Cluster, pod *sandbox.Pod) (map[string]float64, error) {
+	token, err := c.ScraperToken(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	code, b, err := sandbox.AgentGetWithToken(ctx, pod.NetNS, approverMetricsAddr, "/metrics", token, 5*time.Second)
 	if err != nil {
 		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("approver /metrics: %d %.200q", code, b)
 	}
 	return scrape(string(b), "process_resident_memory_bytes", "go_memstats_heap_inuse_bytes", "kube_apicache_approver_cached_csrs"), nil
 }

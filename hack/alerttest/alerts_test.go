@@ -108,7 +108,13 @@ func load(agents []agent) string {
 // returns the labels of the alerts firing at the end.
 func firing(t *testing.T, rule rulefmt.Rule, agents []agent, until time.Duration) []labels.Labels {
 	t.Helper()
-	storage := promqltest.LoadedStorage(t, load(agents))
+	return firingOn(t, rule, load(agents), until)
+}
+
+// firingOn is firing on the series of a promqltest load command.
+func firingOn(t *testing.T, rule rulefmt.Rule, series string, until time.Duration) []labels.Labels {
+	t.Helper()
+	storage := promqltest.LoadedStorage(t, series)
 	engine := promqltest.NewTestEngine(t, false, 0, promqltest.DefaultMaxSamplesPerQuery)
 	expr, err := parser.NewParser(parser.Options{}).ParseExpr(rule.Expr)
 	if err != nil {
@@ -265,5 +271,56 @@ func TestLocalPodsNotListedQuiet(t *testing.T) {
 		if got := firing(t, rule, fleet(10, 3, bad), time.Duration(rule.For)+time.Minute); len(got) != 0 {
 			t.Errorf("%s: %d alerts firing, want none: %v", name, len(got), got)
 		}
+	}
+}
+
+// approverUp is the `up` series of the approver's replicas, one value
+// series each, in promqltest's notation.
+func approverUp(replicas ...string) string {
+	var b strings.Builder
+	for i, values := range replicas {
+		fmt.Fprintf(&b, "  up{namespace=\"kube-apicache\", pod=\"kube-apicache-approver-%d\", job=\"monitoring/kube-apicache-approver\", instance=\"10.2.0.%d:10446\", container=\"approver\", endpoint=\"metrics\", app_kubernetes_io_name=\"kube-apicache-approver\"} %s\n", i, i, values)
+	}
+	return b.String()
+}
+
+// TestApproverDown: KubeApicacheApproverDown fires, once and as a warning,
+// when no approver replica has been scraped for 15 minutes, whether the
+// replicas' scrapes fail or they are gone, and stays quiet while one
+// replica is up or the outage is short; the agents' targets count for
+// nothing.
+func TestApproverDown(t *testing.T) {
+	rule := loadRules(t)["KubeApicacheApproverDown"]
+	agents := load(fleet(3, 0, nil))
+	for _, tc := range []struct {
+		name string
+		// approvers are the replicas' up series.
+		approvers []string
+		want      int
+	}{
+		// Given both replicas scraped, nothing fires.
+		{name: "both up", approvers: []string{"1x80", "1x80"}, want: 0},
+		// Given the standby's scrapes failing, the leader's suffice.
+		{name: "one up", approvers: []string{"1x80", "0x80"}, want: 0},
+		// Given both replicas refusing the token or unreachable, it fires.
+		{name: "both failing", approvers: []string{"0x80", "0x80"}, want: 1},
+		// Given no approver target at all (scaled to zero, or the PodMonitor
+		// selects nothing), it fires.
+		{name: "no target", want: 1},
+		// Given both down for 10 minutes, then back, nothing fires.
+		{name: "short outage", approvers: []string{"0x20 1x60", "0x20 1x60"}, want: 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			series := agents + approverUp(tc.approvers...)
+			got := firingOn(t, rule, series, 40*time.Minute)
+			if len(got) != tc.want {
+				t.Fatalf("%d alerts firing, want %d: %v", len(got), tc.want, got)
+			}
+			for _, l := range got {
+				if l.Get("severity") != "warning" {
+					t.Errorf("firing with labels %s, want a warning", l)
+				}
+			}
+		})
 	}
 }

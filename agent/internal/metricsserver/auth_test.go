@@ -1,4 +1,4 @@
-package status
+package metricsserver
 
 import (
 	"context"
@@ -10,72 +10,19 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/pprof"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/time/rate"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/rest"
+
+	metricsservertesting "github.com/kube-apicache/kube-apicache/agent/internal/metricsserver/testing"
 )
-
-// fakeReviewer is a kube-apiserver that answers TokenReviews and
-// SubjectAccessReviews only, and counts them.
-type fakeReviewer struct {
-	// users maps a token to the user it authenticates as; any other token
-	// is rejected with an error, as kube-apiserver rejects a made-up one.
-	users map[string]string
-	// allowed maps a user to the non-resource paths it may get.
-	allowed map[string][]string
-
-	mu                 sync.Mutex // protects the fields below
-	tokenReviews, sars int
-	reviewedUsers      []string
-}
-
-func (f *fakeReviewer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	w.Header().Set("Content-Type", "application/json")
-	switch r.URL.Path {
-	case "/apis/authentication.k8s.io/v1/tokenreviews":
-		f.tokenReviews++
-		var tr authenticationv1.TokenReview
-		_ = json.NewDecoder(r.Body).Decode(&tr)
-		if name, ok := f.users[tr.Spec.Token]; ok {
-			tr.Status = authenticationv1.TokenReviewStatus{Authenticated: true, User: authenticationv1.UserInfo{Username: name, Groups: []string{"system:authenticated"}}}
-		} else {
-			tr.Status = authenticationv1.TokenReviewStatus{Error: "invalid bearer token"}
-		}
-		_ = json.NewEncoder(w).Encode(&tr)
-	case "/apis/authorization.k8s.io/v1/subjectaccessreviews":
-		f.sars++
-		var sar authorizationv1.SubjectAccessReview
-		_ = json.NewDecoder(r.Body).Decode(&sar)
-		f.reviewedUsers = append(f.reviewedUsers, sar.Spec.User)
-		if a := sar.Spec.NonResourceAttributes; a != nil && a.Verb == "get" {
-			for _, p := range f.allowed[sar.Spec.User] {
-				if p == a.Path || (strings.HasSuffix(p, "*") && strings.HasPrefix(a.Path, strings.TrimSuffix(p, "*"))) {
-					sar.Status.Allowed = true
-				}
-			}
-		}
-		_ = json.NewEncoder(w).Encode(&sar)
-	default:
-		http.NotFound(w, r)
-	}
-}
-
-func (f *fakeReviewer) counts() (tokenReviews, sars int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.tokenReviews, f.sars
-}
 
 const (
 	scraperUser = "system:serviceaccount:monitoring:prometheus"
@@ -83,24 +30,51 @@ const (
 )
 
 // newSecureMetricsTest returns the metrics listener's handler chain in front
-// of the agent's paths, whose checks are healthy, ready and intercepting,
-// reviewing with a fake kube-apiserver and the token bucket limiter.
-func newSecureMetricsTest(t *testing.T, limiter *rate.Limiter, healthy, ready, intercepting func() error, profiling bool) (http.Handler, *fakeReviewer, *metricsAuthMetrics) {
+// of testPaths, whose /healthz and /livez answer healthy, reviewing with a
+// fake kube-apiserver and the token bucket limiter.
+func newSecureMetricsTest(t *testing.T, limiter *rate.Limiter, healthy func() error, profiling bool) (http.Handler, *metricsservertesting.Reviewer, *metricsAuthMetrics) {
 	t.Helper()
-	f := &fakeReviewer{
-		users:   map[string]string{"scraper-token": scraperUser, "tenant-token": tenantUser},
-		allowed: map[string][]string{scraperUser: {"/metrics", "/debug/pprof/*"}},
+	f := &metricsservertesting.Reviewer{
+		Users:   map[string]string{"scraper-token": scraperUser, "tenant-token": tenantUser},
+		Allowed: map[string][]string{scraperUser: {"/metrics", "/debug/pprof/*"}},
 	}
-	srv := httptest.NewServer(f)
-	t.Cleanup(srv.Close)
+	cfg := f.Start(t)
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(BuildInfo())
 	am := newMetricsAuthMetrics(reg)
-	auth, err := newMetricsAuthWith(&rest.Config{Host: srv.URL}, am, limiter)
+	auth, err := newMetricsAuthWith(cfg, testOpenPaths, am, limiter)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return auth.secure(handler(reg, healthy, ready, intercepting, func() string { return "" }, "iptables (test)", profiling), profiling), f, am
+	return auth.secure(testPaths(reg, healthy, profiling), profiling), f, am
+}
+
+// testOpenPaths are the open paths of the listener under test.
+var testOpenPaths = []string{"/healthz", "/livez", "/readyz"}
+
+// testPaths serves /metrics (the metrics in reg and one gauge of its own),
+// /healthz and /livez (healthy), /readyz ("ready") and with profiling the
+// pprof endpoints, checking no credentials, as a component's paths do.
+func testPaths(reg *prometheus.Registry, healthy func() error, profiling bool) http.Handler {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "test_component_up", Help: "1."})
+	g.Set(1)
+	reg.MustRegister(g)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	for _, p := range []string{"/healthz", "/livez"} {
+		mux.HandleFunc(p, func(w http.ResponseWriter, _ *http.Request) {
+			if err := healthy(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = io.WriteString(w, "ok")
+		})
+	}
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ready") })
+	if profiling {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	}
+	return mux
 }
 
 // metricsGet sends one request through h and returns the code and body.
@@ -133,17 +107,15 @@ func TestMetricsAccess(t *testing.T) {
 	}, {
 		name: "anonymous livez", path: "/livez", want: http.StatusOK, body: "ok",
 	}, {
-		name: "anonymous readyz", path: "/readyz", want: http.StatusOK, body: "dataplane iptables (test)",
+		name: "anonymous readyz", path: "/readyz", want: http.StatusOK, body: "ready",
 	}, {
-		name: "anonymous intercepting", path: "/intercepting", want: http.StatusOK,
-	}, {
-		// A stuck sync loop fails /healthz, with the reason.
+		// A failing check fails /healthz, with the reason.
 		name: "healthz with a stuck sync loop", healthy: stuck, path: "/healthz", want: http.StatusServiceUnavailable, body: "sync loop stuck",
 	}, {
 		name: "anonymous metrics", path: "/metrics", want: http.StatusForbidden, body: `"reason":"Forbidden"`,
 	}, {
 		// Prometheus with a token RBAC allows.
-		name: "allowed scraper", path: "/metrics", token: "scraper-token", want: http.StatusOK, body: "# TYPE kube_apicache_build_info gauge",
+		name: "allowed scraper", path: "/metrics", token: "scraper-token", want: http.StatusOK, body: "# TYPE test_component_up gauge",
 	}, {
 		name: "authenticated but not allowed", path: "/metrics", token: "tenant-token", want: http.StatusForbidden,
 		body: `cannot get path \"/metrics\"`,
@@ -176,7 +148,7 @@ func TestMetricsAccess(t *testing.T) {
 			if healthy == nil {
 				healthy = ok
 			}
-			h, f, _ := newSecureMetricsTest(t, rate.NewLimiter(metricsReviewQPS, metricsReviewBurst), healthy, ok, ok, tc.profiling)
+			h, f, _ := newSecureMetricsTest(t, rate.NewLimiter(metricsReviewQPS, metricsReviewBurst), healthy, tc.profiling)
 			method := tc.method
 			if method == "" {
 				method = http.MethodGet
@@ -185,9 +157,7 @@ func TestMetricsAccess(t *testing.T) {
 			if code != tc.want || !strings.Contains(body, tc.body) {
 				t.Errorf("%s %s = %d %.300q, want %d with %q", method, tc.path, code, body, tc.want, tc.body)
 			}
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			for _, u := range f.reviewedUsers {
+			for _, u := range f.ReviewedUsers() {
 				if u == "system:anonymous" || u == "" {
 					t.Errorf("an anonymous request cost a SubjectAccessReview")
 				}
@@ -201,7 +171,7 @@ func TestMetricsAccess(t *testing.T) {
 // lifetimes, and that anonymous probes cost none.
 func TestMetricsReviewsCached(t *testing.T) {
 	ok := func() error { return nil }
-	h, f, am := newSecureMetricsTest(t, rate.NewLimiter(metricsReviewQPS, metricsReviewBurst), ok, ok, ok, false)
+	h, f, am := newSecureMetricsTest(t, rate.NewLimiter(metricsReviewQPS, metricsReviewBurst), ok, false)
 	for range 20 {
 		if code, body, _ := metricsGet(h, http.MethodGet, "/metrics", "scraper-token"); code != http.StatusOK {
 			t.Fatalf("scrape = %d %q", code, body)
@@ -213,7 +183,7 @@ func TestMetricsReviewsCached(t *testing.T) {
 		}
 		metricsGet(h, http.MethodGet, "/metrics", "")
 	}
-	if trs, sars := f.counts(); trs != 1 || sars != 1 {
+	if trs, sars := f.Counts(); trs != 1 || sars != 1 {
 		t.Errorf("20 scrapes cost %d TokenReviews and %d SubjectAccessReviews, want 1 and 1", trs, sars)
 	}
 	if got := testutil.ToFloat64(am.reviews.WithLabelValues("tokenreview")); got != 1 {
@@ -232,7 +202,7 @@ func TestMetricsReviewThrottle(t *testing.T) {
 	// Given a bucket of 3 reviews that does not refill, one of them spent
 	// on the scraper's token,
 	const burst = 3
-	h, f, am := newSecureMetricsTest(t, rate.NewLimiter(0, burst), ok, ok, ok, false)
+	h, f, am := newSecureMetricsTest(t, rate.NewLimiter(0, burst), ok, false)
 	if code, _, _ := metricsGet(h, http.MethodGet, "/metrics", "scraper-token"); code != http.StatusOK {
 		t.Fatalf("first scrape = %d", code)
 	}
@@ -251,7 +221,7 @@ func TestMetricsReviewThrottle(t *testing.T) {
 		t.Errorf("a repeated made-up token = %d, want 429: rejections with an error are not cached", code)
 	}
 	// then only the bucket's remaining reviews were sent,
-	if trs, _ := f.counts(); trs != burst {
+	if trs, _ := f.Counts(); trs != burst {
 		t.Errorf("%d TokenReviews sent, want %d (the bucket)", trs, burst)
 	}
 	if codes[http.StatusUnauthorized] != burst-1 || codes[http.StatusTooManyRequests] != 50-(burst-1) {
@@ -285,7 +255,7 @@ func TestMetricsServerTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{cfg: Config{NodeName: "node-a"}, handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.Proto) })}
+	s := &Server{cfg: Config{Name: "node-a"}, handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, r.Proto) })}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	errs := make(chan error, 1)

@@ -1,4 +1,4 @@
-package status
+package metricsserver
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -87,11 +88,6 @@ const (
 // token bucket must account for.
 var metricsReviewBackoff = wait.Backoff{Duration: 500 * time.Millisecond, Factor: 1.5, Steps: 1}
 
-// metricsHealthPaths answer anyone, anonymous callers included: the kubelet
-// probes them without credentials, and the status page is read through
-// kube-apiserver's pods proxy, which forwards no caller identity.
-var metricsHealthPaths = []string{"/healthz", "/readyz", "/livez", "/intercepting", StatuszPath}
-
 // pprofProfiles are the profiles served below /debug/pprof/ with
 // --profiling: the index and net/http/pprof's handlers, and the runtime's
 // named profiles.
@@ -127,17 +123,20 @@ type metricsAuth struct {
 	authn   authenticator.Request
 	authz   authorizer.Authorizer
 	metrics *metricsAuthMetrics
+	// openPaths answer anyone, with no review.
+	openPaths []string
 }
 
 // newMetricsAuth builds the delegated authenticator and authorizer of the
-// metrics listener. cfg is the agent's own client configuration; reviews
-// and refusals are counted in m.
-func newMetricsAuth(cfg *rest.Config, m *metricsAuthMetrics) (*metricsAuth, error) {
-	return newMetricsAuthWith(cfg, m, rate.NewLimiter(metricsReviewQPS, metricsReviewBurst))
+// metrics listener. cfg is the component's own client configuration;
+// openPaths answer anyone, anonymous callers included; reviews and
+// refusals are counted in m.
+func newMetricsAuth(cfg *rest.Config, openPaths []string, m *metricsAuthMetrics) (*metricsAuth, error) {
+	return newMetricsAuthWith(cfg, openPaths, m, rate.NewLimiter(metricsReviewQPS, metricsReviewBurst))
 }
 
 // newMetricsAuthWith is newMetricsAuth with the token bucket given.
-func newMetricsAuthWith(cfg *rest.Config, m *metricsAuthMetrics, limiter *rate.Limiter) (*metricsAuth, error) {
+func newMetricsAuthWith(cfg *rest.Config, openPaths []string, m *metricsAuthMetrics, limiter *rate.Limiter) (*metricsAuth, error) {
 	seen := &cachedTokens{ttl: metricsTokenCacheTTL - cachedTokensMargin, now: time.Now, entries: map[[sha256.Size]byte]time.Time{}}
 	trusted := &cachedTokens{ttl: metricsTrustedTokenTTL, now: time.Now, entries: map[[sha256.Size]byte]time.Time{}}
 	cfg = rest.CopyConfig(cfg)
@@ -179,34 +178,38 @@ func newMetricsAuthWith(cfg *rest.Config, m *metricsAuthMetrics, limiter *rate.L
 	if err != nil {
 		return nil, fmt.Errorf("metrics authorization: %w", err)
 	}
-	health, err := path.NewAuthorizer(metricsHealthPaths)
+	health, err := path.NewAuthorizer(openPaths)
 	if err != nil {
 		return nil, fmt.Errorf("metrics authorization: %w", err)
 	}
 	authz, err := union.New(
 		union.NamedAuthorizer{AuthorizerName: "health-paths", Authorizer: health},
-		union.NamedAuthorizer{AuthorizerName: "deny-anonymous", Authorizer: authorizer.AuthorizerFunc(denyAnonymous)},
+		union.NamedAuthorizer{AuthorizerName: "deny-anonymous", Authorizer: denyAnonymous(openPaths)},
 		union.NamedAuthorizer{AuthorizerName: "delegated", Authorizer: delegated},
 	)
 	if err != nil {
 		return nil, fmt.Errorf("metrics authorization: %w", err)
 	}
 	return &metricsAuth{
-		authn:   &reviewGate{delegate: authn, limiter: limiter, cached: seen, trusted: trusted},
-		authz:   authz,
-		metrics: m,
+		authn:     &reviewGate{delegate: authn, limiter: limiter, cached: seen, trusted: trusted},
+		authz:     authz,
+		metrics:   m,
+		openPaths: slices.Clone(openPaths),
 	}, nil
 }
 
-// denyAnonymous refuses anonymous callers everything the health paths'
+// denyAnonymous refuses anonymous callers everything the open paths'
 // authorizer did not allow, without asking kube-apiserver: metrics and
 // profiles are never meant for anonymous readers, and deciding here keeps
 // anonymous traffic from costing reviews.
-func denyAnonymous(_ context.Context, attrs authorizer.Attributes) (authorizer.Decision, string, error) {
-	if u := attrs.GetUser(); u == nil || u.GetName() == user.Anonymous {
-		return authorizer.DecisionDeny, "anonymous requests may read only " + strings.Join(metricsHealthPaths, ", "), nil
+func denyAnonymous(openPaths []string) authorizer.AuthorizerFunc {
+	reason := "anonymous requests may read only " + strings.Join(openPaths, ", ")
+	return func(_ context.Context, attrs authorizer.Attributes) (authorizer.Decision, string, error) {
+		if u := attrs.GetUser(); u == nil || u.GetName() == user.Anonymous {
+			return authorizer.DecisionDeny, reason, nil
+		}
+		return authorizer.DecisionNoOpinion, "", nil
 	}
-	return authorizer.DecisionNoOpinion, "", nil
 }
 
 // errReviewThrottled is the message of the 429 a request gets when its
