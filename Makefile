@@ -17,6 +17,10 @@
 #                upstream e2e conformance specs (e2e/conformance/specs.txt)
 #                from a sandbox pod through the agent and directly, compared
 #                spec by spec (CONFORMANCE_ARGS=-help lists its flags)
+#   make upgrade-images
+#                the previous commit's agent image and rendered manifests
+#                for the upgrade e2e (KUBE_APICACHE_UPGRADE_FROM=<rev>
+#                picks another revision)
 #
 # Both install what they need on a fresh Debian machine (iptables, ipset,
 # iproute2, nftables) and build the control plane (etcd, kube-apiserver,
@@ -35,6 +39,7 @@ IMAGE ?= kube-apicache:latest
 
 .PHONY: all build deps control-plane test unit e2e vet verify-manifests docs demo bench bench-scale fuzz image clean
 .PHONY: node-deps node-binaries e2e-real-node e2e-images apt-lists conformance e2e-test test-quick test-matrix
+.PHONY: upgrade-images
 
 all: build
 
@@ -84,12 +89,14 @@ node-deps:
 node-binaries:
 	BIN_DIR=$(BIN_DIR) KUBE_MINOR=$(KUBE_MINOR) ./hack/build-node.sh
 
-# The real-node scenarios alone (needs root): the smoke test and the
-# DaemonSet's acceptance scenarios, with the images of `make e2e-images`
-# and `make image`.
-e2e-real-node: deps node-deps node-binaries control-plane e2e-images image
+# The real-node scenarios alone (needs root): the smoke test, the
+# DaemonSet's acceptance scenarios and the upgrade from the previous
+# commit, with the images of `make e2e-images`, `make image` and `make
+# upgrade-images`.
+e2e-real-node: deps node-deps node-binaries control-plane e2e-images image upgrade-images
 	KUBE_APICACHE_REAL_NODE=1 KUBE_APICACHE_BIN_DIR=$(BIN_DIR) KUBE_APICACHE_IMAGES_DIR=$(IMAGES_DIR) \
-	  $(GO) test -count=1 -timeout 60m -run '^TestRealNode(DaemonSet|NFTables)?$$' -v ./e2e/
+	  KUBE_APICACHE_UPGRADE_DIR=$(UPGRADE_DIR) \
+	  $(GO) test -count=1 -timeout 60m -run '^TestRealNode(DaemonSet|NFTables|Upgrade)?$$' -v ./e2e/
 
 # The main module, and hack/image and hack/alerttest, modules of their own
 # (go-containerregistry and Prometheus stay out of the agent's dependency
@@ -136,7 +143,7 @@ e2e: deps control-plane
 # slowest tests. Logs and JSON streams are in _output/test.
 E2E_SHARDS ?= 2
 test:
-	GO=$(GO) BIN_DIR=$(BIN_DIR) IMAGES_DIR=$(IMAGES_DIR) E2E_SHARDS=$(E2E_SHARDS) \
+	GO=$(GO) BIN_DIR=$(BIN_DIR) IMAGES_DIR=$(IMAGES_DIR) UPGRADE_DIR=$(UPGRADE_DIR) E2E_SHARDS=$(E2E_SHARDS) \
 	  CONFORMANCE_ARGS='$(CONFORMANCE_ARGS)' ./hack/test.sh
 
 # The compact matrix scenario (hack/test.sh's MATRIX_TESTS) on every
@@ -235,6 +242,16 @@ image: apt-lists
 
 e2e-images: apt-lists
 	$(IMAGE_BUILD) --platform linux/amd64 --pause --client --kubectl $(KUBECTL)
+
+# The previous release's artefacts for the upgrade e2e
+# (TestRealNodeUpgrade) in $(UPGRADE_DIR): hack/previous-images.sh checks
+# out the first parent of HEAD (or KUBE_APICACHE_UPGRADE_FROM) in a
+# temporary git worktree and builds its agent image with that tree's own
+# `make image`, as kube-apicache:previous for linux/amd64, and renders its
+# manifests with that image. Kept while the revision is the same.
+UPGRADE_DIR ?= $(CURDIR)/_output/upgrade
+upgrade-images: apt-lists
+	GO=$(GO) KUBECTL=$(KUBECTL) UPGRADE_DIR=$(UPGRADE_DIR) ./hack/previous-images.sh
 
 # apt-get download needs dpkg to take each platform's Debian architecture
 # (the same name as GOARCH for amd64 and arm64) and apt's package lists for

@@ -210,6 +210,10 @@ type dsScenario struct {
 	c       *sandbox.Cluster
 	node    *sandbox.RealNode
 	overlay string
+	// rendered, if set, is the rendered manifest the agent was last
+	// applied from (kubectl apply -f), which uninstall deletes instead of
+	// the overlay.
+	rendered string
 	// nft: the agent runs the nftables dataplane (kube-proxy in nftables
 	// mode, the shipped --dataplane=auto).
 	nft bool
@@ -1153,14 +1157,18 @@ func (s *dsScenario) oom(t *testing.T, ctx context.Context) {
 	s.assertNoDuplicates(t, ctx, "oom")
 }
 
-// uninstall: when the overlay is deleted, then the node holds no rule,
-// chain, set or address of the agent's, and pods reach kube-apiserver
-// through kube-proxy.
+// uninstall: when the overlay (or the rendered manifest) is deleted, then
+// the node holds no rule, chain, set or address of the agent's, and pods
+// reach kube-apiserver through kube-proxy.
 func (s *dsScenario) uninstall(t *testing.T, ctx context.Context) {
 	c := s.c
 	start := time.Now()
-	out := s.mustKubectl(t, ctx, "delete", "-k", s.overlay, "--timeout=2m")
-	t.Logf("kubectl delete -k:\n%s", out)
+	del := []string{"delete", "-k", s.overlay, "--timeout=2m"}
+	if s.rendered != "" {
+		del = []string{"delete", "-f", s.rendered, "--timeout=2m"}
+	}
+	out := s.mustKubectl(t, ctx, del...)
+	t.Logf("kubectl %s %s:\n%s", del[0], del[1], out)
 	waitFor(t, 2*time.Minute, "the agent's pods gone", func() bool {
 		pods, err := c.Admin.CoreV1().Pods(sandbox.AgentNamespace).List(ctx, metav1.ListOptions{})
 		return err == nil && len(pods.Items) == 0
@@ -1221,8 +1229,8 @@ func (s *dsScenario) uninstall(t *testing.T, ctx context.Context) {
 		}
 	}
 	sort.Strings(left)
-	figuref(t, "uninstall: kubectl delete -k to pods gone %s; no chain, jump, set or address left (hooks: %q); the pod's kubectl reached kube-apiserver directly (%d requests)",
-		gone.Round(time.Millisecond), left, direct)
+	figuref(t, "uninstall: kubectl %s %s to pods gone %s; no chain, jump, set or address left (hooks: %q); the pod's kubectl reached kube-apiserver directly (%d requests)",
+		del[0], del[1], gone.Round(time.Millisecond), left, direct)
 }
 
 // checkStatusCommand runs `kube-apicache status` as an operator would, with

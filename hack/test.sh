@@ -38,6 +38,9 @@ esac
 GO=${GO:-go}
 BIN_DIR=${BIN_DIR:-$root/_output/bin}
 IMAGES_DIR=${IMAGES_DIR:-$root/_output/images}
+# The previous commit's agent image and manifests (make upgrade-images),
+# for the upgrade scenario of the real node.
+UPGRADE_DIR=${UPGRADE_DIR:-$root/_output/upgrade}
 E2E_SHARDS=${E2E_SHARDS:-2}
 E2E_TIMEOUT=${E2E_TIMEOUT:-45m}
 CONFORMANCE_ARGS=${CONFORMANCE_ARGS:-}
@@ -126,7 +129,7 @@ e2e_shard() {
     cd "$root/e2e" &&
       KUBE_APICACHE_E2E_CLAIMS=$claims KUBE_APICACHE_E2E_SHARD=$i \
         KUBE_APICACHE_FIGURES=$out/figures-$i.txt KUBE_APICACHE_BIN_DIR=$bin \
-        KUBE_APICACHE_IMAGES_DIR=$IMAGES_DIR \
+        KUBE_APICACHE_IMAGES_DIR=$IMAGES_DIR KUBE_APICACHE_UPGRADE_DIR=$UPGRADE_DIR \
         "$out/e2e.test" -test.v=test2json -test.count=1 -test.timeout "$E2E_TIMEOUT" -test.run "$run" 2>&1
   ) | "$GO" tool test2json -t -p "$pkg" | "$out/testreport" stream --json "$out/e2e-$i.json"
   return "${PIPESTATUS[0]}"
@@ -194,6 +197,7 @@ if [ "$mode" = full ]; then
   phase "build: control plane $MATRIX_OLDEST" make --no-print-directory control-plane KUBE_MINOR="$MATRIX_OLDEST" BIN_DIR="$(release_bin "$MATRIX_OLDEST")"
   phase "build: node binaries" make --no-print-directory node-binaries
   phase "build: images" make --no-print-directory image e2e-images
+  phase "build: previous images" make --no-print-directory upgrade-images UPGRADE_DIR="$UPGRADE_DIR"
 else
   phase "build: system packages" make --no-print-directory deps
   phase "build: control plane" make --no-print-directory control-plane
