@@ -46,13 +46,17 @@ func TestNodeImpersonationRefused(t *testing.T) {
 
 	// Given: no node impersonation. The binding goes (restored when the
 	// test ends); where the gate is off it would be refused anyway.
-	if crb, err := c.Admin.RbacV1().ClusterRoleBindings().Get(ctx, nodeImpersonationBinding, metav1.GetOptions{}); err == nil {
-		if err := c.Admin.RbacV1().ClusterRoleBindings().Delete(ctx, crb.Name, metav1.DeleteOptions{}); err != nil {
+	// Before 1.36 the sandbox also grants the agent the pods and nodes
+	// its --cache-as-node=false needs: the test grants its own.
+	for _, name := range []string{nodeImpersonationBinding, sandbox.CacheWithoutImpersonation} {
+		if crb, err := c.Admin.RbacV1().ClusterRoleBindings().Get(ctx, name, metav1.GetOptions{}); err == nil {
+			if err := c.Admin.RbacV1().ClusterRoleBindings().Delete(ctx, crb.Name, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { restoreBinding(t, c, crb) })
+		} else if !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { restoreBinding(t, c, crb) })
-	} else if !apierrors.IsNotFound(err) {
-		t.Fatal(err)
 	}
 	// The agent's pod comes first: its token checks what kube-apiserver
 	// answers before the agent runs. Every kube-apiserver of the sandbox

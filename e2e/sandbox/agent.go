@@ -80,6 +80,11 @@ func (c *Cluster) AgentArgs(certFile, keyFile string, extra ...string) []string 
 		"--cache-pinned-resources=" + cached,
 		"-v=2",
 	}
+	if c.Minor < ConstrainedImpersonationMinor {
+		// What the README asks of clusters without constrained
+		// impersonation; applyRBAC grants the reads it needs.
+		defaults = append(defaults, "--cache-as-node=false")
+	}
 	var args []string
 	for _, d := range defaults {
 		name, _, _ := strings.Cut(d, "=")

@@ -32,6 +32,23 @@ func (c *Cluster) ApplyRBAC(ctx context.Context) error { return c.applyRBAC(ctx)
 // applyRBAC creates (or replaces) the RBAC objects in the project's
 // manifests. Objects of other kinds in those files are ignored.
 func (c *Cluster) applyRBAC(ctx context.Context) error {
+	if c.Minor < ConstrainedImpersonationMinor {
+		// Before 1.36 the agents run as the README says for such
+		// clusters (AgentArgs: --cache-as-node=false), with this grant.
+		rule := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods", "nodes"}, Verbs: []string{"list", "watch"}}
+		for _, obj := range []runtime.Object{
+			&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: CacheWithoutImpersonation}, Rules: []rbacv1.PolicyRule{rule}},
+			&rbacv1.ClusterRoleBinding{
+				ObjectMeta: metav1.ObjectMeta{Name: CacheWithoutImpersonation},
+				RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: CacheWithoutImpersonation},
+				Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: AgentServiceAccount, Namespace: AgentNamespace}},
+			},
+		} {
+			if err := c.applyRBACObject(ctx, obj); err != nil {
+				return fmt.Errorf("%s: %w", CacheWithoutImpersonation, err)
+			}
+		}
+	}
 	for _, name := range rbacManifests {
 		objs, err := decodeManifest(filepath.Join(RepoRoot(), "manifests", name))
 		if err != nil {
@@ -45,6 +62,16 @@ func (c *Cluster) applyRBAC(ctx context.Context) error {
 	}
 	return nil
 }
+
+// ConstrainedImpersonationMinor is the first release whose kube-apiserver
+// lets the agent impersonate its node (constrained impersonation).
+const ConstrainedImpersonationMinor = 36
+
+// CacheWithoutImpersonation names the ClusterRole and binding that give
+// the agent list and watch of pods and nodes on a control plane older
+// than ConstrainedImpersonationMinor, where it runs with
+// --cache-as-node=false.
+const CacheWithoutImpersonation = "kube-apicache:e2e-cache-without-impersonation"
 
 func (c *Cluster) applyRBACObject(ctx context.Context, obj runtime.Object) error {
 	rbac := c.Admin.RbacV1()
