@@ -67,10 +67,7 @@ func TestExternalDataplaneLocalRedirect(t *testing.T) {
 		}
 	}
 
-	client, err := c.NewPod(ctx, sandbox.PodSpec{Name: "lrp-client", Namespace: "default"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := newClientPod(t, ctx, c, "default", "lrp-client")
 	redirect := []string{"OUTPUT", "-d", sandbox.ServiceVIP + "/32", "-p", "tcp", "--dport", strconv.Itoa(sandbox.ServicePort),
 		"-j", "DNAT", "--to-destination", agentPod.IP + ":" + strconv.Itoa(sandbox.AgentListenPort)}
 	if err := client.NetNS.Run(ctx, append([]string{"iptables", "-t", "nat", "-I"}, redirect...)...); err != nil {
@@ -85,7 +82,7 @@ func TestExternalDataplaneLocalRedirect(t *testing.T) {
 	// agent answers from its cache.
 	viaVIP, _ := podClients(t, c, client)
 	before := readCacheMetrics(t, ctx, a)
-	path := "/api/v1/namespaces/default/configmaps?resourceVersion=0"
+	path := "/api/v1/namespaces/default/services?resourceVersion=0"
 	for i := 0; i < 5; i++ {
 		if r := viaVIP.do(t, ctx, http.MethodGet, path, "application/json", "lrp-test", nil); r.code != http.StatusOK {
 			t.Fatalf("read through the redirect: HTTP %d: %.300s", r.code, r.body)
@@ -125,7 +122,10 @@ func TestExternalDataplaneLocalRedirect(t *testing.T) {
 	}
 	withdraw()
 	<-stopped
-	if r := viaVIP.do(t, ctx, http.MethodGet, path, "application/json", "lrp-test", nil); r.code != http.StatusOK {
+	// The client's connection to the agent is gone (reset, as Cilium's
+	// would be); a new connection to the VIP goes to kube-apiserver.
+	fresh, _ := podClients(t, c, client)
+	if r := fresh.do(t, ctx, http.MethodGet, path, "application/json", "lrp-test", nil); r.code != http.StatusOK {
 		t.Fatalf("read after the redirect was withdrawn: HTTP %d: %.300s", r.code, r.body)
 	}
 	if natEnd, _, err := c.NodeNetState(ctx); err != nil || natEnd != natBefore {

@@ -158,6 +158,15 @@ func (c *Cluster) NodeNetState(ctx context.Context) (nat, addrs string, err erro
 	if nat, err = c.Node.Output(ctx, "iptables-save", "-t", "nat"); err != nil {
 		return "", "", err
 	}
+	// Without iptables-save's "# Generated ... on <time>" lines, so that
+	// two states compare equal when the rules are.
+	var rules []string
+	for line := range strings.Lines(nat) {
+		if !strings.HasPrefix(line, "#") {
+			rules = append(rules, line)
+		}
+	}
+	nat = strings.Join(rules, "")
 	addrs, err = c.Node.Output(ctx, "ip", "-o", "addr", "show")
 	return nat, addrs, err
 }
