@@ -167,10 +167,16 @@ func TestApproverMetricsAccessControl(t *testing.T) {
 		}
 		var err error
 		code, body, err = approverGet(ctx, pod, "/healthz", "")
-		return err == nil, nil
+		if err != nil {
+			return false, nil
+		}
+		// Ready once its CSR informer has synced: until then /readyz
+		// answers 503, to anyone.
+		rcode, _, rerr := approverGet(ctx, pod, "/readyz", "")
+		return rerr == nil && rcode == http.StatusOK, nil
 	})
 	if err != nil {
-		t.Fatalf("the approver's listener never answered: %v", err)
+		t.Fatalf("the approver's listener never answered ready: %v", err)
 	}
 	// when the kubelet probes without credentials, it is answered,
 	if code != http.StatusOK {
