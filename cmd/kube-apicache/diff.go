@@ -19,10 +19,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kube-apicache/kube-apicache/agent/interception"
 	"github.com/kube-apicache/kube-apicache/internal/apidiff"
@@ -163,19 +161,13 @@ func (o *diffOptions) run(ctx context.Context, w io.Writer, rawPath string) erro
 	if err != nil {
 		return err
 	}
-	if o.node != "" {
-		if errs := validation.IsDNS1123Subdomain(o.node); len(errs) > 0 {
-			return fmt.Errorf("--node %q: %s", o.node, strings.Join(errs, "; "))
-		}
+	if err := validNodeFlag(o.node); err != nil {
+		return err
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = o.kubeconfig
-	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
-		&clientcmd.ConfigOverrides{CurrentContext: o.context}).ClientConfig()
+	cfg, err := callerConfig(o.kubeconfig, o.context, "kube-apicache-diff")
 	if err != nil {
-		return fmt.Errorf("client configuration: %w", err)
+		return err
 	}
-	cfg.UserAgent = "kube-apicache-diff"
 	if ctx == nil {
 		ctx = context.Background()
 	}

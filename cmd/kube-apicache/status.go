@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/kube-apicache/kube-apicache/agent/status"
@@ -59,19 +60,13 @@ node's agent.`,
 			if o.output != "" && o.output != "json" && o.output != "wide" {
 				return fmt.Errorf("--output %q: must be empty, wide or json", o.output)
 			}
-			if o.node != "" {
-				if errs := validation.IsDNS1123Subdomain(o.node); len(errs) > 0 {
-					return fmt.Errorf("--node %q: %s", o.node, strings.Join(errs, "; "))
-				}
+			if err := validNodeFlag(o.node); err != nil {
+				return err
 			}
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = o.kubeconfig
-			cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
-				&clientcmd.ConfigOverrides{CurrentContext: o.context}).ClientConfig()
+			cfg, err := callerConfig(o.kubeconfig, o.context, "kube-apicache-status")
 			if err != nil {
-				return fmt.Errorf("client configuration: %w", err)
+				return err
 			}
-			cfg.UserAgent = "kube-apicache-status"
 			client, err := kubernetes.NewForConfig(cfg)
 			if err != nil {
 				return err
@@ -278,4 +273,30 @@ func certExpiry(t *time.Time) string {
 		return "-"
 	}
 	return "in " + time.Until(*t).Round(time.Minute).String()
+}
+
+// validNodeFlag checks a --node value: empty, or a Node's name.
+func validNodeFlag(node string) error {
+	if node == "" {
+		return nil
+	}
+	if errs := validation.IsDNS1123Subdomain(node); len(errs) > 0 {
+		return fmt.Errorf("--node %q: %s", node, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// callerConfig loads the caller's client configuration as kubectl does
+// (--kubeconfig, $KUBECONFIG, ~/.kube/config, in-cluster), with context
+// if set, under userAgent.
+func callerConfig(kubeconfig, context, userAgent string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = kubeconfig
+	cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules,
+		&clientcmd.ConfigOverrides{CurrentContext: context}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("client configuration: %w", err)
+	}
+	cfg.UserAgent = userAgent
+	return cfg, nil
 }
