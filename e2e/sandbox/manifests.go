@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -123,16 +122,9 @@ func RenderComponent(ctx context.Context, dir, name string) ([]runtime.Object, e
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644); err != nil {
 		return nil, err
 	}
-	bin := os.Getenv("KUBECTL")
-	if bin == "" {
-		bin = "kubectl"
-	}
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, bin, "kustomize", dir)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	out, err := RenderOverlay(ctx, dir)
 	if err != nil {
-		return nil, fmt.Errorf("kubectl kustomize with component %s: %w\n%s", name, err, stderr.String())
+		return nil, fmt.Errorf("component %s: %w", name, err)
 	}
 	rendered := filepath.Join(dir, "rendered.yaml")
 	if err := os.WriteFile(rendered, out, 0o644); err != nil {
