@@ -250,10 +250,15 @@ func podCAPool(t *testing.T, pod *sandbox.Pod) *x509.CertPool {
 // the node, as the kubelet probes them: on the DaemonSet's agent where it
 // runs (it listens on the node's IP), else on the sandbox agent's address.
 func agentEndpoint(ctx context.Context, c *sandbox.Cluster, path string) (int, string, error) {
+	return agentEndpointAs(ctx, c, path, "")
+}
+
+// agentEndpointAs is agentEndpoint with the bearer token given.
+func agentEndpointAs(ctx context.Context, c *sandbox.Cluster, path, token string) (int, string, error) {
 	addr := sandbox.AgentMetricsAddr
 	if a, err := c.DaemonSetAgentMetricsAddr(ctx); err == nil {
 		addr = a
 	}
-	code, b, err := sandbox.AgentGetWithToken(ctx, c.Node, addr, path, "", 5*time.Second)
+	code, b, err := sandbox.AgentGetWithToken(ctx, c.Node, addr, path, token, 5*time.Second)
 	return code, strings.TrimSpace(string(b)), err
 }

@@ -98,9 +98,13 @@ func TestNodeImpersonationRefused(t *testing.T) {
 		}
 		return "apiserver"
 	}
+	statusToken, err := c.StatusToken(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	statusz := func() status.Status {
 		t.Helper()
-		code, body, err := agentEndpoint(ctx, c, status.StatuszPath)
+		code, body, err := agentEndpointAs(ctx, c, status.StatuszPath, statusToken)
 		if err != nil || code != http.StatusOK {
 			t.Fatalf("%s = %d %q (%v)", status.StatuszPath, code, body, err)
 		}

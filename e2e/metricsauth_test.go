@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/kube-apicache/kube-apicache/agent/status"
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
 
@@ -72,6 +73,21 @@ func TestMetricsAccessControl(t *testing.T) {
 	for _, p := range []string{"/healthz", "/livez", "/readyz", "/intercepting"} {
 		if code, body := get(p, ""); code != http.StatusOK {
 			t.Errorf("anonymous GET %s = %d %q, want 200", p, code, body)
+		}
+	}
+	// /statusz is a z-page: the shipped status-reader ServiceAccount reads
+	// it, anonymous callers, tenants and the scraper (allowed /metrics
+	// only) are refused.
+	statusToken, err := c.StatusToken(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code, body := get(status.StatuszPath, statusToken); code != http.StatusOK || !strings.Contains(body, `"node":"`+sandbox.NodeName+`"`) {
+		t.Errorf("GET %s as %s = %d %.200q, want 200 with the node's Status", status.StatuszPath, sandbox.StatusServiceAccount, code, body)
+	}
+	for who, token := range map[string]string{"system:anonymous": "", "system:serviceaccount:" + tenantNS + ":app": tenant, "system:serviceaccount:" + sandbox.AgentNamespace + ":" + sandbox.ScraperServiceAccount: scraper} {
+		if code, body := get(status.StatuszPath, token); code != http.StatusForbidden || !strings.Contains(body, who) {
+			t.Errorf("GET %s as %s = %d %.200q, want 403 naming the user", status.StatuszPath, who, code, body)
 		}
 	}
 	// Profiles are not served without --profiling.

@@ -1271,4 +1271,15 @@ func (s *dsScenario) checkStatusCommand(t *testing.T, ctx context.Context) {
 		t.Errorf("status of the agent: intercepting %v, ready %v, %d healthy upstreams, certificate until %v; want intercepting, ready, a healthy upstream and a certificate",
 			st.Intercepting, st.Ready, healthy, st.CertificateNotAfter)
 	}
+	// /statusz is not open: kube-apiserver's pods proxy passes on no
+	// credentials of the admin who asks, so without status's token the
+	// agent sees system:anonymous and refuses.
+	pod, err := s.agentPod(ctx)
+	if err != nil || pod == nil {
+		t.Fatalf("agent pod: %v", err)
+	}
+	raw := fmt.Sprintf("/api/v1/namespaces/%s/pods/https:%s:%d/proxy%s", sandbox.AgentNamespace, pod.Name, sandbox.DaemonSetMetricsPort, status.StatuszPath)
+	if out, err := s.kubectl(ctx, "get", "--raw", raw); err == nil || !strings.Contains(out+err.Error(), "system:anonymous") {
+		t.Errorf("kubectl get --raw %s without status's token = %v %.300q, want refused for system:anonymous", raw, err, out)
+	}
 }

@@ -6,7 +6,9 @@
 // listener under them (its certificate, files reloaded as they change,
 // else self-signed, and who may read what: TokenReview and
 // SubjectAccessReview through kube-apiserver, cached and budgeted; the
-// health paths and /statusz open to anyone) is agent/internal/metricsserver,
+// health paths open to anyone, /statusz and /metrics to callers RBAC
+// allows, whose token may also come in TokenHeader through kube-apiserver's
+// pods proxy) is agent/internal/metricsserver,
 // which the approver's listener shares.
 //
 // It must not decide the agent's health, readiness or interception, nor

@@ -19,9 +19,17 @@ import (
 // paths, which the kubelet probes anonymously.
 
 // metricsHealthPaths answer anyone, anonymous callers included: the kubelet
-// probes them without credentials, and the status page is read through
-// kube-apiserver's pods proxy, which forwards no caller identity.
-var metricsHealthPaths = []string{"/healthz", "/readyz", "/livez", "/intercepting", StatuszPath}
+// probes them without credentials. /statusz is not among them: like
+// Kubernetes components' z-pages it needs a caller RBAC allows to get it
+// (the ServiceAccount kube-apicache-status, or system:monitoring).
+var metricsHealthPaths = []string{"/healthz", "/readyz", "/livez", "/intercepting"}
+
+// TokenHeader carries a bearer token through kube-apiserver's pods proxy,
+// which drops the Authorization header after authenticating its own
+// caller. `kube-apicache status` sends a short-lived token of the
+// ServiceAccount kube-apicache-status in it; the listener reviews it as
+// any bearer token.
+const TokenHeader = "X-Kube-Apicache-Token"
 
 // Config is what the metrics listener is built from.
 type Config struct {
@@ -82,6 +90,8 @@ func New(cfg Config, checks Checks, reg *prometheus.Registry) (*Server, error) {
 		TLSKeyFile:  cfg.TLSKeyFile,
 		OpenPaths:   metricsHealthPaths,
 		Profiling:   cfg.Profiling,
+		SecurePaths: []string{StatuszPath},
+		TokenHeader: TokenHeader,
 		RESTConfig:  cfg.RESTConfig(),
 	}, mux, reg)
 	if err != nil {

@@ -15,8 +15,8 @@ import (
 )
 
 // TestStatusz: given an agent that intercepts but is not ready, two
-// upstreams, cached reads and a serving certificate, when anyone asks for
-// /statusz without credentials, then the answer is its Status as JSON,
+// upstreams, cached reads and a serving certificate, when /statusz is
+// asked (past the listener's authorization), then the answer is its Status as JSON,
 // built from the checks and the registry's metrics.
 func TestStatusz(t *testing.T) {
 	reg := prometheus.NewRegistry()
@@ -46,7 +46,7 @@ func TestStatusz(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, body, hdr := metricsGet(s.listener.Handler(), http.MethodGet, StatuszPath, "")
+	code, body, hdr := metricsGet(s.statuszHandler(), http.MethodGet, StatuszPath, "")
 	if code != http.StatusOK || hdr.Get("Content-Type") != "application/json" {
 		t.Fatalf("GET %s = %d %s %q, want 200 JSON", StatuszPath, code, hdr.Get("Content-Type"), body)
 	}
@@ -119,7 +119,7 @@ func TestLocalPodsReported(t *testing.T) {
 					t.Errorf("GET %s = %d %q, want 200 %q", path, code, body, want)
 				}
 			}
-			_, body, _ := metricsGet(s.listener.Handler(), http.MethodGet, StatuszPath, "")
+			_, body, _ := metricsGet(s.statuszHandler(), http.MethodGet, StatuszPath, "")
 			var got Status
 			if err := json.Unmarshal([]byte(body), &got); err != nil {
 				t.Fatal(err)

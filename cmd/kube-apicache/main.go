@@ -199,7 +199,7 @@ overrides.`,
 	c.Audit.AddFlags(nfs.FlagSet("audit"))
 
 	fs = nfs.FlagSet("metrics and health")
-	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", agent.DefaultMetricsBindAddress, "host:port serving /metrics, /healthz, /livez, /readyz, /intercepting and "+status.StatuszPath+" over HTTPS. /metrics needs a bearer token that kube-apiserver authenticates and RBAC allows (get on the nonResourceURL, as in the kube-apicache:metrics-reader ClusterRole); the others answer anyone. Empty disables.")
+	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", agent.DefaultMetricsBindAddress, "host:port serving /metrics, /healthz, /livez, /readyz, /intercepting and "+status.StatuszPath+" over HTTPS. /metrics and "+status.StatuszPath+" need a bearer token that kube-apiserver authenticates and RBAC allows (get on the nonResourceURL, as in the kube-apicache:metrics-reader and kube-apicache:status-reader ClusterRoles); the health paths answer anyone. Empty disables.")
 	fs.StringVar(&c.MetricsTLSCertFile, "metrics-tls-cert-file", "", "Certificate chain (PEM) the metrics listener serves, reloaded as it changes; with --metrics-tls-private-key-file. Empty: a self-signed certificate made at start-up.")
 	fs.StringVar(&c.MetricsTLSKeyFile, "metrics-tls-private-key-file", "", "Private key (PEM) of --metrics-tls-cert-file.")
 	fs.BoolVar(&c.Profiling, "profiling", false, "Serve Go profiles (net/http/pprof) under /debug/pprof/ on --metrics-bind-address, to tokens RBAC allows; refused unless that address is on loopback.")

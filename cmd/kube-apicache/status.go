@@ -13,27 +13,34 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 
 	"github.com/kube-apicache/kube-apicache/agent/status"
 )
 
 type statusOptions struct {
-	kubeconfig  string
-	context     string
-	namespace   string
-	selector    string
-	node        string
-	port        string
-	output      string
-	timeout     time.Duration
-	parallelism int
+	kubeconfig string
+	context    string
+	namespace  string
+	selector   string
+	node       string
+	port       string
+	// serviceAccount is the ServiceAccount, in namespace, whose short-lived
+	// token is shown to the agents.
+	serviceAccount string
+	output         string
+	timeout        time.Duration
+	parallelism    int
 }
 
 // newStatusCommand returns `kube-apicache status`, which asks every agent
@@ -45,8 +52,14 @@ func newStatusCommand() *cobra.Command {
 		Use:   "status",
 		Short: "Print each node's agent: interception, readiness, cache hit ratio, upstream health",
 		Long: `status lists the agent pods and asks each for its state (` + status.StatuszPath + ` on its
-metrics port) through kube-apiserver's pods proxy, so it needs only a
-kubeconfig allowed to get pods/proxy in the agents' namespace. It prints a
+metrics port) through kube-apiserver's pods proxy. /statusz, like the z-pages
+of Kubernetes components, answers only callers RBAC allows, and the pods
+proxy does not pass the caller's credentials on: so status requests a
+ten-minute token of the ServiceAccount --service-account (in --namespace;
+it may read /statusz and nothing else) and sends it in the
+` + status.TokenHeader + ` header. The kubeconfig's user needs list pods,
+get pods/proxy and create serviceaccounts/token on that ServiceAccount in
+the agents' namespace: the Role kube-apicache:status-user. It prints a
 line per node: whether the agent intercepts (and why not; "host-network
 only" while it cannot list its node's pods, whose traffic then goes to
 kube-proxy's path), whose identity lists the node's pods (PODS: node,
@@ -87,6 +100,7 @@ node's agent.`,
 	fs.StringVarP(&o.selector, "selector", "l", "app.kubernetes.io/name=kube-apicache", "Label selector of the agent pods.")
 	fs.StringVar(&o.node, "node", "", "Only the agent on this node; empty: every node.")
 	fs.StringVar(&o.port, "port", "metrics", "Name or number of the agent container's metrics port.")
+	fs.StringVar(&o.serviceAccount, "service-account", "kube-apicache-status", "ServiceAccount in --namespace whose short-lived token is sent to the agents; it must be allowed to get /statusz.")
 	fs.StringVarP(&o.output, "output", "o", "", "Output: empty for a table, wide for the table with upstream endpoints, or json.")
 	fs.DurationVar(&o.timeout, "timeout", 2*time.Minute, "Time for the whole command.")
 	fs.IntVar(&o.parallelism, "parallelism", 20, "Agents asked at once.")
@@ -121,6 +135,10 @@ func (o *statusOptions) collect(ctx context.Context, client kubernetes.Interface
 		}
 		return nil, fmt.Errorf("no pod in namespace %s matches %s", o.namespace, o.selector)
 	}
+	token, err := o.statusToken(ctx, client)
+	if err != nil {
+		return nil, err
+	}
 	rows := make([]statusRow, len(pods.Items))
 	sem := make(chan struct{}, max(o.parallelism, 1))
 	var wg sync.WaitGroup
@@ -141,7 +159,10 @@ func (o *statusOptions) collect(ctx context.Context, client kubernetes.Interface
 			defer func() { <-sem }()
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			defer cancel()
-			body, err := client.CoreV1().Pods(o.namespace).ProxyGet("https", p.Name, port, status.StatuszPath, nil).DoRaw(rctx)
+			body, err := client.CoreV1().RESTClient().Get().
+				Namespace(o.namespace).Resource("pods").SubResource("proxy").
+				Name(net.JoinSchemeNamePort("https", p.Name, port)).Suffix(status.StatuszPath).
+				SetHeader(status.TokenHeader, token).DoRaw(rctx)
 			if err != nil {
 				rows[i].Error = oneLine(err)
 				return
@@ -157,6 +178,28 @@ func (o *statusOptions) collect(ctx context.Context, client kubernetes.Interface
 	wg.Wait()
 	slices.SortFunc(rows, func(a, b statusRow) int { return strings.Compare(a.Node, b.Node) })
 	return rows, nil
+}
+
+// statusTokenSeconds is the life of the token status shows the agents:
+// the shortest kube-apiserver issues, and longer than any run.
+const statusTokenSeconds = 600
+
+// statusToken requests a short-lived token of o.serviceAccount. The
+// caller's own credentials never leave for the agents: kube-apiserver's
+// pods proxy would not pass them on, and a token that may read /statusz
+// alone is all an agent need see.
+func (o *statusOptions) statusToken(ctx context.Context, client kubernetes.Interface) (string, error) {
+	tr := &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](statusTokenSeconds)}}
+	tr, err := client.CoreV1().ServiceAccounts(o.namespace).CreateToken(ctx, o.serviceAccount, tr, metav1.CreateOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return "", fmt.Errorf("requesting a token of ServiceAccount %s/%s, which /statusz is shown: it does not exist (manifests/serviceaccount.yaml; or pass --service-account)", o.namespace, o.serviceAccount)
+	case apierrors.IsForbidden(err):
+		return "", fmt.Errorf("requesting a token of ServiceAccount %s/%s, which /statusz is shown: %w (bind the Role kube-apicache:status-user in %s to your user)", o.namespace, o.serviceAccount, err, o.namespace)
+	case err != nil:
+		return "", fmt.Errorf("requesting a token of ServiceAccount %s/%s: %w", o.namespace, o.serviceAccount, err)
+	}
+	return tr.Status.Token, nil
 }
 
 // podPort resolves port, a container port's name or number, to a number:

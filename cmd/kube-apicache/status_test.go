@@ -8,9 +8,14 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/kube-apicache/kube-apicache/agent/status"
 )
@@ -72,7 +77,10 @@ func TestStatusNode(t *testing.T) {
 			Labels: map[string]string{"app.kubernetes.io/name": "kube-apicache"}}, Spec: corev1.PodSpec{NodeName: node}}
 	}
 	client := fake.NewClientset(pod("a", "n1"), pod("b", "n2"), pod("c", "n3"))
-	o := &statusOptions{namespace: "kube-apicache", selector: "app.kubernetes.io/name=kube-apicache", node: "n2"}
+	client.PrependReactor("create", "serviceaccounts", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		return true, &authenticationv1.TokenRequest{Status: authenticationv1.TokenRequestStatus{Token: "t"}}, nil
+	})
+	o := &statusOptions{namespace: "kube-apicache", selector: "app.kubernetes.io/name=kube-apicache", node: "n2", serviceAccount: "kube-apicache-status"}
 	rows, err := o.collect(context.Background(), client)
 	if err != nil {
 		t.Fatal(err)
@@ -94,5 +102,52 @@ func TestStatusNode(t *testing.T) {
 	cmd.SetOut(io.Discard)
 	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), `--node "Not_A_Node"`) || strings.Contains(err.Error(), "\n") {
 		t.Errorf("--node Not_A_Node error = %v, want one line naming the flag", err)
+	}
+}
+
+// status shows the agents a ten-minute token of its own ServiceAccount,
+// never the caller's credentials; a caller who may not request one, or a
+// missing ServiceAccount, gets one line that says what to do.
+func TestStatusToken(t *testing.T) {
+	o := &statusOptions{namespace: "kube-apicache", serviceAccount: "kube-apicache-status"}
+	client := fake.NewClientset()
+	var asked *authenticationv1.TokenRequest
+	client.PrependReactor("create", "serviceaccounts", func(action clienttesting.Action) (bool, runtime.Object, error) {
+		create := action.(clienttesting.CreateAction)
+		if create.GetSubresource() != "token" {
+			return false, nil, nil
+		}
+		asked = create.GetObject().(*authenticationv1.TokenRequest)
+		switch name := create.(clienttesting.CreateActionImpl).Name; {
+		case action.GetNamespace() != "kube-apicache":
+			return true, nil, apierrors.NewBadRequest("wrong namespace " + action.GetNamespace())
+		case name == "kube-apicache-status":
+			return true, &authenticationv1.TokenRequest{Status: authenticationv1.TokenRequestStatus{Token: "status-token"}}, nil
+		default:
+			return true, nil, apierrors.NewBadRequest("unexpected name " + name)
+		}
+	})
+	token, err := o.statusToken(context.Background(), client)
+	if err != nil || token != "status-token" {
+		t.Fatalf("statusToken = %q, %v; want status-token", token, err)
+	}
+	if got := asked.Spec.ExpirationSeconds; got == nil || *got != statusTokenSeconds {
+		t.Errorf("token asked for %v seconds, want %d", got, statusTokenSeconds)
+	}
+
+	gr := schema.GroupResource{Resource: "serviceaccounts"}
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{apierrors.NewForbidden(gr, "kube-apicache-status", nil), "kube-apicache:status-user"},
+		{apierrors.NewNotFound(gr, "kube-apicache-status"), "does not exist"},
+	} {
+		client := fake.NewClientset()
+		client.PrependReactor("create", "serviceaccounts", func(clienttesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
+		_, err := o.statusToken(context.Background(), client)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "\n") {
+			t.Errorf("statusToken with %v = %v, want one line with %q", tc.err, err, tc.want)
+		}
 	}
 }

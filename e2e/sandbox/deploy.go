@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -152,8 +153,11 @@ func (c *Cluster) AdminCommand(ctx context.Context, bin string, args ...string) 
 	return exec.CommandContext(ctx, "ip", full...)
 }
 
+// DaemonSetMetricsPort is the DaemonSet's metrics port (manifests/daemonset.yaml).
+const DaemonSetMetricsPort = 10445
+
 // DaemonSetAgentMetricsAddr is where the DaemonSet's agent serves its
-// metrics: the node's IP (its pod's status.hostIP), port 10445.
+// metrics: the node's IP (its pod's status.hostIP), DaemonSetMetricsPort.
 func (c *Cluster) DaemonSetAgentMetricsAddr(ctx context.Context) (string, error) {
 	pods, err := c.Admin.CoreV1().Pods(AgentNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=kube-apicache"})
 	if err != nil {
@@ -161,7 +165,7 @@ func (c *Cluster) DaemonSetAgentMetricsAddr(ctx context.Context) (string, error)
 	}
 	for _, p := range pods.Items {
 		if p.Spec.NodeName == NodeName && p.Status.HostIP != "" {
-			return net.JoinHostPort(p.Status.HostIP, "10445"), nil
+			return net.JoinHostPort(p.Status.HostIP, strconv.Itoa(DaemonSetMetricsPort)), nil
 		}
 	}
 	return "", fmt.Errorf("no kube-apicache pod with a host IP on %s", NodeName)

@@ -27,6 +27,10 @@ const (
 	ScraperServiceAccount = "e2e-metrics-scraper"
 	// MetricsReaderRole is the shipped role that allows /metrics.
 	MetricsReaderRole = "kube-apicache:metrics-reader"
+	// StatusServiceAccount is the shipped ServiceAccount, in
+	// AgentNamespace, that `kube-apicache status` reads /statusz as
+	// (manifests/serviceaccount.yaml; rbac.yaml binds it).
+	StatusServiceAccount = "kube-apicache-status"
 	// profilerRole allows the profiles of an agent run with --profiling.
 	profilerRole = "kube-apicache-e2e:profiler"
 )
@@ -94,6 +98,17 @@ func (c *Cluster) ScraperToken(ctx context.Context) (string, error) {
 	}
 	c.scraperToken, c.scraperTokenExpiry = token, expiry
 	return token, nil
+}
+
+// StatusToken returns an hour's token of StatusServiceAccount, which the
+// shipped RBAC allows to get /statusz. The sandbox applies the manifests'
+// RBAC objects only, so the ServiceAccount is made here.
+func (c *Cluster) StatusToken(ctx context.Context) (string, error) {
+	if err := c.EnsureServiceAccount(ctx, AgentNamespace, StatusServiceAccount); err != nil {
+		return "", err
+	}
+	token, _, err := c.ServiceAccountToken(ctx, AgentNamespace, StatusServiceAccount)
+	return token, err
 }
 
 // ServiceAccountToken requests a token of the ServiceAccount namespace/name,

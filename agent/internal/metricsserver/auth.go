@@ -125,6 +125,11 @@ type metricsAuth struct {
 	metrics *metricsAuthMetrics
 	// openPaths answer anyone, with no review.
 	openPaths []string
+	// securePaths are served beside /metrics to callers RBAC allows.
+	securePaths []string
+	// tokenHeader, if set, is a header that may carry the bearer token
+	// (Config.TokenHeader).
+	tokenHeader string
 }
 
 // newMetricsAuth builds the delegated authenticator and authorizer of the

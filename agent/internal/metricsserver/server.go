@@ -41,8 +41,18 @@ type Config struct {
 	// Every other path the handler serves needs a token RBAC allows to
 	// get it.
 	OpenPaths []string
+	// SecurePaths are served, beside /metrics, to callers RBAC allows to
+	// get them (a SubjectAccessReview of the non-resource URL).
+	SecurePaths []string
 	// Profiling serves /debug/pprof/ to callers allowed to read it.
 	Profiling bool
+	// TokenHeader, if set, names a request header that carries a bearer
+	// token when the Authorization header cannot: kube-apiserver's pods
+	// proxy removes the Authorization header once it has authenticated
+	// its own caller, and passes other headers on. A token found there is
+	// reviewed exactly as one sent in Authorization, which wins when both
+	// are present; the header never reaches the handler.
+	TokenHeader string
 	// RESTConfig is the configuration of the component's own client,
 	// which sends the TokenReviews and SubjectAccessReviews.
 	RESTConfig *rest.Config
@@ -59,7 +69,7 @@ type Server struct {
 }
 
 // New builds the listener's handler chain in front of paths, which serves
-// /metrics, the OpenPaths and, with Profiling, /debug/pprof/, and checks no
+// /metrics, the OpenPaths, the SecurePaths and, with Profiling, /debug/pprof/, and checks no
 // credentials itself. It loads the certificate files, if any, and
 // registers the listener's own metrics in reg.
 func New(cfg Config, paths http.Handler, reg prometheus.Registerer) (*Server, error) {
@@ -67,6 +77,7 @@ func New(cfg Config, paths http.Handler, reg prometheus.Registerer) (*Server, er
 	if err != nil {
 		return nil, err
 	}
+	auth.securePaths, auth.tokenHeader = slices.Clone(cfg.SecurePaths), cfg.TokenHeader
 	s := &Server{cfg: cfg, handler: auth.secure(paths, cfg.Profiling)}
 	if cfg.TLSCertFile != "" {
 		if s.files, err = dynamiccertificates.NewDynamicServingContentFromFiles("metrics-serving-cert", cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
@@ -124,6 +135,9 @@ func (auth *metricsAuth) secure(h http.Handler, profiling bool) http.Handler {
 		// a token offered as a WebSocket subprotocol would bypass the
 		// review gate.
 		r.Header.Del("Sec-WebSocket-Protocol")
+		if auth.tokenHeader != "" {
+			moveToken(r.Header, auth.tokenHeader)
+		}
 		ctx, _ := withThrottleMark(r.Context())
 		authed.ServeHTTP(w, r.WithContext(ctx))
 	})
@@ -134,6 +148,16 @@ func (auth *metricsAuth) secure(h http.Handler, profiling bool) http.Handler {
 			auth.metrics.refused.WithLabelValues(reason).Inc()
 		}
 	})
+}
+
+// moveToken takes the token in header name, if any, out of h and into
+// its Authorization header, unless that already holds one.
+func moveToken(h http.Header, name string) {
+	token := strings.TrimSpace(h.Get(name))
+	h.Del(name)
+	if token != "" && h.Get("Authorization") == "" {
+		h.Set("Authorization", "Bearer "+token)
+	}
 }
 
 // metricsStatus is a failure Status of the metrics listener's own.
@@ -154,7 +178,7 @@ var refusalReasons = map[int]string{
 
 // served says whether the metrics listener serves p.
 func (auth *metricsAuth) served(p string, profiling bool) bool {
-	if p == "/metrics" || slices.Contains(auth.openPaths, p) {
+	if p == "/metrics" || slices.Contains(auth.openPaths, p) || slices.Contains(auth.securePaths, p) {
 		return true
 	}
 	name, ok := strings.CutPrefix(p, "/debug/pprof/")
