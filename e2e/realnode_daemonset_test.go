@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -28,6 +29,7 @@ import (
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 	"github.com/kube-apicache/kube-apicache/agent/status"
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
@@ -69,6 +71,9 @@ const (
 //     tenantAttacks), the reader's cached reads stay cache hits within
 //     twice their quiet p99 and the agent keeps its health and its
 //     container.
+//     And a pod labelled kube-apicache.io/exclude=true reaches
+//     kube-apiserver through kube-proxy's path from its first connection,
+//     while an unlabelled pod beside it reaches the agent.
 //  3. When the DaemonSet is restarted under load (a new connection per
 //     request, and one reused HTTP/2 connection), then no request fails.
 //  4. When the agent is SIGKILLed through the runtime, then new
@@ -107,6 +112,7 @@ func TestRealNodeDaemonSet(t *testing.T) {
 	}{
 		{"install", s.install},
 		{"reads", s.reads},
+		{"pod-opt-out", s.podOptOut},
 		{"tenant-attacks", s.tenantAttacks},
 		{"kube-proxy-restarts", s.kubeProxyRestarts},
 		{"rollout", s.rollout},
@@ -499,6 +505,19 @@ func followPodLog(ctx context.Context, c *sandbox.Cluster, ns, name string) *pod
 	return l
 }
 
+// matching returns the lines so far that contain substr.
+func (l *podLog) matching(substr string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, s := range l.lines {
+		if strings.Contains(s, substr) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 func (l *podLog) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -538,9 +557,17 @@ func (l *podLog) awaitLine(substr string, timeout time.Duration) error {
 // runs and follows its log.
 func (s *dsScenario) runClient(t *testing.T, ctx context.Context, name string, args ...string) *nodePod {
 	t.Helper()
+	return s.runLabelledClient(t, ctx, name, nil, args...)
+}
+
+// runLabelledClient is runClient with labels added to the pod's.
+func (s *dsScenario) runLabelledClient(t *testing.T, ctx context.Context, name string, labels map[string]string, args ...string) *nodePod {
+	t.Helper()
 	pods := s.c.Admin.CoreV1().Pods(dsClientNS)
+	podLabels := map[string]string{"app": name}
+	maps.Copy(podLabels, labels)
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": name}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: podLabels},
 		Spec: corev1.PodSpec{
 			ServiceAccountName:            dsClientSA,
 			RestartPolicy:                 corev1.RestartPolicyNever,
@@ -799,6 +826,49 @@ func (s *dsScenario) handedBack(t *testing.T, ctx context.Context) float64 {
 		}
 	}
 	return n
+}
+
+// podOptOut: given two client pods started together on the node, one
+// labelled kube-apicache.io/exclude=true, when each connects to the VIP
+// once a second, then the unlabelled one reaches the agent once its IP is
+// in the agent's set of this node's pods, and the labelled one reaches
+// kube-apiserver through kube-proxy's path from its first connection on:
+// its IP never enters the set.
+func (s *dsScenario) podOptOut(t *testing.T, ctx context.Context) {
+	const agentCN = "system:node:" + sandbox.NodeName
+	in := s.runLabelledClient(t, ctx, "servedby-in", nil, "servedby", "--timeout", "3m")
+	out := s.runLabelledClient(t, ctx, "servedby-out", map[string]string{interception.ExcludePodLabel: "true"}, "servedby", "--timeout", "3m")
+	defer func() {
+		for _, p := range []*nodePod{in, out} {
+			_ = s.c.Admin.CoreV1().Pods(dsClientNS).Delete(ctx, p.Pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
+		}
+	}()
+	s.waitPodIPInSet(t, ctx, in.Pod.Status.PodIP)
+	if err := in.log.awaitLine("SERVEDBY "+agentCN, 15*time.Second); err != nil {
+		t.Fatalf("the unlabelled pod never reached the agent: %v\n%s", err, in.log)
+	}
+	// Five more seconds of the labelled pod's connections, with the
+	// unlabelled one's IP already in the set.
+	time.Sleep(5 * time.Second)
+	lines := out.log.matching("SERVEDBY ")
+	if len(lines) < 5 {
+		t.Fatalf("the labelled pod connected %d times, want at least 5:\n%s", len(lines), out.log)
+	}
+	for _, l := range lines {
+		if strings.Contains(l, agentCN) {
+			t.Errorf("the labelled pod reached the agent: %q\n%s", l, out.log)
+			break
+		}
+	}
+	if s.c.PodIPInAgentSet(ctx, out.Pod.Status.PodIP) {
+		t.Errorf("the labelled pod's IP %s is in the agent's set of this node's pods", out.Pod.Status.PodIP)
+	}
+	metrics, err := s.agentMetrics(ctx)
+	if err != nil || !strings.Contains(metrics, "kube_apicache_excluded_pods 1") {
+		t.Errorf("kube_apicache_excluded_pods is not 1 (%v)", err)
+	}
+	figuref(t, "opt-out: the labelled pod reached kube-apiserver on all %d connections (%s); the unlabelled one the agent (%s)",
+		len(lines), strings.TrimPrefix(lines[0], "SERVEDBY "), agentCN)
 }
 
 // waitPodIPInSet waits until the agent's set of this node's pod IPs holds

@@ -185,13 +185,28 @@ func (ic *Interceptor) localMatch(f netrules.Family) (localMatch, error) {
 	return localMatch{}, nil
 }
 
+// ExcludePodLabel, set to "true" on a pod, sends that pod's traffic to the
+// Service VIP to kube-proxy's path instead of the agent: in PodIPs
+// detect-local mode its IPs never enter the pods set, from the pod's
+// start on. In the other modes the redirect matches sources by CIDR or
+// interface, which cannot leave one pod out, so the label is not honoured
+// there (the pod is only left out of the pod-path check). Host-network
+// pods share the node's address and cannot opt out one by one.
+const ExcludePodLabel = "kube-apicache.io/exclude"
+
+// excludedPod reports whether pod opted out with ExcludePodLabel.
+func excludedPod(pod *corev1.Pod) bool { return pod.Labels[ExcludePodLabel] == "true" }
+
 // localPods follows what detect-local needs from the API: the IPs of this
 // node's pods (PodIPs mode, and for the pod-path check in every mode) or
 // the Node's podCIDRs (NodeCIDR mode).
 type localPods struct {
 	mu sync.Mutex // protects the fields below
-	// ips holds each pod's IPs by namespace/name, nil until synced.
+	// ips holds each pod's IPs by namespace/name, nil until synced. A pod
+	// that opted out (ExcludePodLabel) has none here.
 	ips map[string][]netip.Addr
+	// excluded holds the pods that opted out, by namespace/name.
+	excluded map[string]bool
 	// cidrs and cidrErr are the Node's podCIDRs, or why they are unknown.
 	cidrs   []netip.Prefix
 	cidrErr error
@@ -231,12 +246,30 @@ func (l *localPods) listed() bool {
 	return l.ips != nil
 }
 
-// set records one pod's IPs (none: forget the pod).
-func (l *localPods) set(key string, ips []netip.Addr) bool {
+// excludedCount is the number of this node's pods that opted out.
+func (l *localPods) excludedCount() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.excluded)
+}
+
+// set records one pod's IPs (none: forget the pod), and whether it opted
+// out, in which case its IPs are not kept. It reports whether the IPs
+// changed.
+func (l *localPods) set(key string, ips []netip.Addr, excluded bool) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.ips == nil {
 		l.ips = map[string][]netip.Addr{}
+	}
+	if excluded && len(ips) > 0 {
+		if l.excluded == nil {
+			l.excluded = map[string]bool{}
+		}
+		l.excluded[key] = true
+		ips = nil
+	} else {
+		delete(l.excluded, key)
 	}
 	if slices.Equal(l.ips[key], ips) {
 		return false
@@ -407,7 +440,7 @@ func (ic *Interceptor) watchLocalPods(ctx context.Context, lw cache.ListerWatche
 			}
 		}
 		slices.SortFunc(ips, netip.Addr.Compare)
-		if ic.local.set(pod.Namespace+"/"+pod.Name, ips) {
+		if ic.local.set(pod.Namespace+"/"+pod.Name, ips, excludedPod(pod)) {
 			requestSync()
 		}
 	}
@@ -418,8 +451,12 @@ func (ic *Interceptor) watchLocalPods(ctx context.Context, lw cache.ListerWatche
 		if !ok {
 			return obj, nil
 		}
+		var labels map[string]string
+		if v, ok := pod.Labels[ExcludePodLabel]; ok {
+			labels = map[string]string{ExcludePodLabel: v}
+		}
 		return &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, ResourceVersion: pod.ResourceVersion},
+			ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, ResourceVersion: pod.ResourceVersion, Labels: labels},
 			Spec:       corev1.PodSpec{HostNetwork: pod.Spec.HostNetwork},
 			Status:     corev1.PodStatus{Phase: pod.Status.Phase, PodIPs: pod.Status.PodIPs},
 		}, nil
@@ -431,7 +468,7 @@ func (ic *Interceptor) watchLocalPods(ctx context.Context, lw cache.ListerWatche
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
 			}
-			if pod, ok := obj.(*corev1.Pod); ok && ic.local.set(pod.Namespace+"/"+pod.Name, nil) {
+			if pod, ok := obj.(*corev1.Pod); ok && ic.local.set(pod.Namespace+"/"+pod.Name, nil, false) {
 				requestSync()
 			}
 		},

@@ -144,6 +144,10 @@ func New(cfg *Config, k Kernel, deps Deps) (*Interceptor, error) {
 		return nil, err
 	}
 	ic.metrics = newInterceptionMetrics(deps.Registry)
+	deps.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kube_apicache_excluded_pods",
+		Help: "This node's pods labelled " + ExcludePodLabel + "=true, whose traffic to the Service VIP goes to kube-proxy's path (in PodIPs detect-local mode; the other modes cannot leave one pod out). 0 while this node's pods are not followed.",
+	}, func() float64 { return float64(ic.local.excludedCount()) }))
 	deps.Registry.MustRegister(ic.switchCollector(), ic.serviceMismatchCollector())
 	if cfg.PodPathCheckInterval > 0 && k.Conntrack != nil && !cfg.external() {
 		ic.podPath = newPodPath(k.Conntrack, deps.Registry)

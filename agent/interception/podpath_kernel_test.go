@@ -31,7 +31,7 @@ func TestPodPathKernel(t *testing.T) {
 		// Given the agent's redirect, kube-proxy's DNAT of the VIP to an
 		// "apiserver" on the node, and the pod known as a pod of this node,
 		a, d, vip := newPodPathKernelAgent(t, n, DetectLocalNone)
-		a.icpt.local.set("default/pod", []netip.Addr{podVeth4.Addr()})
+		a.icpt.local.set("default/pod", []netip.Addr{podVeth4.Addr()}, false)
 		ipt, err := netrules.OpenIPTables(n.backend, netrules.IPv4)
 		mustDo(t, err)
 		if got, err := dialFrom(n.podNS, vip); err != nil || got != "agent" {
@@ -147,8 +147,8 @@ func TestPodPathSpoofedKernel(t *testing.T) {
 		for _, iface := range []string{"all", "kac-node"} {
 			mustDo(t, os.WriteFile("/proc/sys/net/ipv4/conf/"+iface+"/rp_filter", []byte("1"), 0o644))
 		}
-		a.icpt.local.set("default/sender", []netip.Addr{podVeth4.Addr()})
-		a.icpt.local.set("default/victim", []netip.Addr{victim.Addr()})
+		a.icpt.local.set("default/sender", []netip.Addr{podVeth4.Addr()}, false)
+		a.icpt.local.set("default/victim", []netip.Addr{victim.Addr()}, false)
 		node := nodeVeth4.Addr()
 		scan := func(times int) {
 			<-inNodeNS(t, n, func() {

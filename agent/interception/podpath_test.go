@@ -36,9 +36,9 @@ func TestPodPath(t *testing.T) {
 	ctx := context.Background()
 	logger := klog.Background()
 	pod := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 244, 1, byte(i)}) }
-	a.icpt.local.set("default/a", []netip.Addr{pod(5)})
-	a.icpt.local.set("default/b", []netip.Addr{pod(6)})
-	a.icpt.local.set("default/c", []netip.Addr{pod(7)})
+	a.icpt.local.set("default/a", []netip.Addr{pod(5)}, false)
+	a.icpt.local.set("default/b", []netip.Addr{pod(6)}, false)
+	a.icpt.local.set("default/c", []netip.Addr{pod(7)}, false)
 	if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
 		t.Fatalf("sync = %v, %v", notReady, err)
 	}
@@ -136,7 +136,7 @@ func TestPodPath(t *testing.T) {
 	}
 	// nor is the first connection of a new pod whose IP reached the pods
 	// set only since the last scan (it may have begun before);
-	a.icpt.local.set("default/d", []netip.Addr{pod(8)})
+	a.icpt.local.set("default/d", []netip.Addr{pod(8)}, false)
 	if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
 		t.Fatalf("sync = %v, %v", notReady, err)
 	}
@@ -225,7 +225,7 @@ func TestPodPathUnansweredSources(t *testing.T) {
 			a.icpt.now = a.now
 			a.icpt.podPath.nodeAddrs = func() (map[netip.Addr]bool, error) { return map[netip.Addr]bool{node: true}, nil }
 			if tc.pods != nil {
-				a.icpt.local.set("default/a", tc.pods)
+				a.icpt.local.set("default/a", tc.pods, false)
 			}
 			if notReady, err := a.icpt.sync(context.Background()); err != nil || notReady != nil {
 				t.Fatalf("sync = %v, %v", notReady, err)

@@ -222,7 +222,7 @@ func TestLocalPods(t *testing.T) {
 			if got := a.icpt.LocalPods(); got != tc.wantBefore {
 				t.Errorf("before the first list: %+v, want %+v", got, tc.wantBefore)
 			}
-			a.icpt.local.set("default/a", []netip.Addr{netip.MustParseAddr("10.244.1.5")})
+			a.icpt.local.set("default/a", []netip.Addr{netip.MustParseAddr("10.244.1.5")}, false)
 			if got := a.icpt.LocalPods(); got != tc.wantAfter {
 				t.Errorf("after the first list: %+v, want %+v", got, tc.wantAfter)
 			}

@@ -295,7 +295,7 @@ func TestDetectLocal(t *testing.T) {
 			})
 			mustDo(t, a.cfg.ValidateDetectLocal())
 			ctx := context.Background()
-			a.icpt.local.set("default/local", []netip.Addr{localPod.Src})
+			a.icpt.local.set("default/local", []netip.Addr{localPod.Src}, false)
 			if tc.mode == DetectLocalNodeCIDR {
 				notReady, err := a.icpt.sync(ctx)
 				if err != nil || notReady == nil || !strings.Contains(notReady.Error(), "podCIDRs") {
@@ -329,13 +329,29 @@ func TestDetectLocal(t *testing.T) {
 				return
 			}
 			// A pod that leaves the node leaves the set; a new one joins.
-			a.icpt.local.set("default/local", nil)
-			a.icpt.local.set("default/new", []netip.Addr{netip.MustParseAddr("10.244.1.7")})
+			a.icpt.local.set("default/local", nil, false)
+			a.icpt.local.set("default/new", []netip.Addr{netip.MustParseAddr("10.244.1.7")}, false)
 			if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
 				t.Fatalf("sync = %v, %v", notReady, err)
 			}
 			if goesToAgent(localPod) || !goesToAgent(fake.Packet{Src: netip.MustParseAddr("10.244.1.7")}) {
 				t.Errorf("the pods set did not follow the node's pods:\n%s", k.ipset.Save())
+			}
+			// A pod labelled kube-apicache.io/exclude=true leaves the set,
+			// and so goes to kube-proxy's path; without the label it is back.
+			a.icpt.local.set("default/new", []netip.Addr{netip.MustParseAddr("10.244.1.7")}, true)
+			if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
+				t.Fatalf("sync = %v, %v", notReady, err)
+			}
+			if goesToAgent(fake.Packet{Src: netip.MustParseAddr("10.244.1.7")}) || a.icpt.local.excludedCount() != 1 {
+				t.Errorf("an excluded pod goes to the agent (%d excluded):\n%s", a.icpt.local.excludedCount(), k.ipset.Save())
+			}
+			a.icpt.local.set("default/new", []netip.Addr{netip.MustParseAddr("10.244.1.7")}, false)
+			if notReady, err := a.icpt.sync(ctx); err != nil || notReady != nil {
+				t.Fatalf("sync = %v, %v", notReady, err)
+			}
+			if !goesToAgent(fake.Packet{Src: netip.MustParseAddr("10.244.1.7")}) || a.icpt.local.excludedCount() != 0 {
+				t.Errorf("a pod whose label was removed does not go to the agent:\n%s", k.ipset.Save())
 			}
 			a.icpt.RemoveStale()
 			if got := k.ipset.Save(); got != "" {

@@ -14,13 +14,18 @@
 //	                    print SYNCED, then their objects on each "dump"
 //	podclient resetserver, attack, latency: the tenant attacks of the real
 //	                    node (attack.go)
+//	podclient servedby  connect to the Service VIP once a second and print
+//	                    SERVEDBY and the common name of the certificate that
+//	                    answered (the agent's, or kube-apiserver's)
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"syscall"
@@ -93,11 +98,43 @@ func main() {
 		err = attack(ctx, cfg, attackOptions{mode: *mode, duration: *timeout, count: *count, concurrency: *concurrency, path: *path})
 	case "latency":
 		err = latency(ctx, cfg, *path, *count)
+	case "servedby":
+		err = servedBy(ctx, cfg)
 	default:
 		err = fmt.Errorf("unknown mode %q", os.Args[1])
 	}
 	if err != nil {
 		fail(err)
+	}
+}
+
+// servedBy dials the API as the in-cluster configuration says (the Service
+// VIP), verifying the certificate as client-go does, and prints whose
+// certificate answered, once a second until ctx ends.
+func servedBy(ctx context.Context, cfg *rest.Config) error {
+	tlsCfg, err := rest.TLSConfigFor(cfg)
+	if err != nil {
+		return err
+	}
+	u, err := url.Parse(cfg.Host)
+	if err != nil {
+		return err
+	}
+	for {
+		d := tls.Dialer{Config: tlsCfg}
+		conn, err := d.DialContext(ctx, "tcp", u.Host)
+		if err != nil {
+			fmt.Printf("FAIL %v\n", err)
+		} else {
+			certs := conn.(*tls.Conn).ConnectionState().PeerCertificates
+			fmt.Printf("SERVEDBY %s\n", certs[0].Subject.CommonName)
+			_ = conn.Close()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
 	}
 }
 
