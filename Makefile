@@ -122,10 +122,11 @@ verify-manifests:
 	done
 	@echo "manifests render"
 
-# The README's flag and configuration references, generated from the code
-# (a unit test in cmd/kube-apicache fails when they are out of date).
+# The flag, configuration and command references under docs/reference,
+# generated from the code (a unit test in cmd/kube-apicache fails when they
+# are out of date).
 docs:
-	$(GO) run ./cmd/kube-apicache docs --readme README.md
+	$(GO) run ./cmd/kube-apicache docs --dir docs
 
 unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /e2e)
