@@ -200,7 +200,7 @@ bench: deps control-plane
 	$(GO) run ./e2e/bench --bin-dir $(BIN_DIR) $(BENCH_ARGS)
 
 # kube-apiserver's cost against the number of nodes, with and without the
-# agent (not part of make test; see the README).
+# agent (not part of make test; see docs/development/benchmarks.md).
 bench-scale: deps control-plane
 	$(GO) run ./e2e/benchscale --bin-dir $(BIN_DIR) $(BENCH_SCALE_ARGS)
 
