@@ -122,10 +122,11 @@ verify-manifests:
 	done
 	@echo "manifests render"
 
-# The README's flag and configuration references, generated from the code
-# (a unit test in cmd/kube-apicache fails when they are out of date).
+# The flag, configuration and command references under docs/reference,
+# generated from the code (a unit test in cmd/kube-apicache fails when they
+# are out of date).
 docs:
-	$(GO) run ./cmd/kube-apicache docs --readme README.md
+	$(GO) run ./cmd/kube-apicache docs --dir docs
 
 unit:
 	$(GO) test -count=1 $$($(GO) list ./... | grep -v /e2e)
@@ -199,7 +200,7 @@ bench: deps control-plane
 	$(GO) run ./e2e/bench --bin-dir $(BIN_DIR) $(BENCH_ARGS)
 
 # kube-apiserver's cost against the number of nodes, with and without the
-# agent (not part of make test; see the README).
+# agent (not part of make test; see docs/development/benchmarks.md).
 bench-scale: deps control-plane
 	$(GO) run ./e2e/benchscale --bin-dir $(BIN_DIR) $(BENCH_SCALE_ARGS)
 

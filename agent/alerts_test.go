@@ -33,8 +33,15 @@ var allowedSeverities = []string{"critical", "warning", "info"}
 const fleetGroup = "kube-apicache-fleet"
 
 // runbookBase is where every alert's runbook_url points, followed by the
-// anchor of its entry in the README.
-const runbookBase = "https://github.com/kube-apicache/kube-apicache/blob/main/README.md"
+// anchor of its entry in the runbook page.
+const runbookBase = "https://github.com/kube-apicache/kube-apicache/blob/main/docs/operations/alerts.md"
+
+// runbookPage is that page in this repository; metricsPage lists every
+// alert with the metrics.
+const (
+	runbookPage = "../docs/operations/alerts.md"
+	metricsPage = "../docs/reference/metrics.md"
+)
 
 // perAgentLabels identify one agent; an alert that keeps one of them fires
 // once per node.
@@ -79,11 +86,11 @@ func readAlertRules(t *testing.T) []ruleGroup {
 // (manifests/monitoring/prometheusrule.yaml) query is one the agent
 // registers (a histogram's _bucket, _sum and _count series included),
 // so a renamed metric cannot leave an alert that never fires; and the
-// README lists every alert.
+// metrics reference lists every alert.
 func TestAlertRules(t *testing.T) {
 	groups := readAlertRules(t)
 	registered := registeredNames(t, newAgentFromNew(t).metrics.registry)
-	readme, err := os.ReadFile("../README.md")
+	listing, err := os.ReadFile(metricsPage)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,8 +102,8 @@ func TestAlertRules(t *testing.T) {
 				continue
 			}
 			alerts = append(alerts, r.Alert)
-			if !strings.Contains(string(readme), "`"+r.Alert+"`") {
-				t.Errorf("README.md does not list the alert %s", r.Alert)
+			if !strings.Contains(string(listing), "`"+r.Alert+"`") {
+				t.Errorf("%s does not list the alert %s", metricsPage, r.Alert)
 			}
 			for _, name := range metricRef.FindAllString(r.Expr, -1) {
 				used = append(used, name)
@@ -114,18 +121,18 @@ func TestAlertRules(t *testing.T) {
 	}
 }
 
-// TestAlertRulesRunbooks: every alert's runbook_url is the README's, with
-// the anchor of a heading in the Runbook's Alerts section, and every alert
-// there has such a link; no two alerts share an entry.
+// TestAlertRulesRunbooks: every alert's runbook_url is the runbook page's,
+// with the anchor of one of its entries (a level-2 heading), and every
+// alert there has such a link; no two alerts share an entry.
 func TestAlertRulesRunbooks(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	page, err := os.ReadFile(runbookPage)
 	if err != nil {
 		t.Fatal(err)
 	}
-	all := headingAnchors(readme, "")
-	section := headingAnchors(readme, "Alerts")
+	all := headingAnchors(page, 0)
+	section := headingAnchors(page, 2)
 	if len(section) == 0 {
-		t.Fatal("README.md has no Alerts section with entries")
+		t.Fatal(runbookPage + " has no entries")
 	}
 	seen := map[string]string{}
 	n := 0
@@ -143,9 +150,9 @@ func TestAlertRulesRunbooks(t *testing.T) {
 			}
 			switch {
 			case !all[anchor]:
-				t.Errorf("alert %s: runbook_url's anchor #%s is no heading of README.md", r.Alert, anchor)
+				t.Errorf("alert %s: runbook_url's anchor #%s is no heading of %s", r.Alert, anchor, runbookPage)
 			case !section[anchor]:
-				t.Errorf("alert %s: runbook_url's anchor #%s is not in the README's Alerts section", r.Alert, anchor)
+				t.Errorf("alert %s: runbook_url's anchor #%s is not an entry (## heading) of %s", r.Alert, anchor, runbookPage)
 			}
 			if other, ok := seen[anchor]; ok {
 				t.Errorf("alerts %s and %s share the runbook entry #%s", other, r.Alert, anchor)
@@ -159,7 +166,7 @@ func TestAlertRulesRunbooks(t *testing.T) {
 }
 
 // TestAlertRulesPortable: no expression selects by a job or namespace
-// name (both depend on the installation: the README tells users to change
+// name (both depend on the installation: the docs tell users to change
 // the namespace), every alert has a severity from allowedSeverities, and
 // only the fleet group's alerts are critical: they aggregate the agents
 // away (no per-agent label kept in any grouping they count or sum by, nor
@@ -224,14 +231,12 @@ func checkFleetAggregate(r alertRule) string {
 	return ""
 }
 
-// headingAnchors returns the GitHub anchors of README.md's headings
-// outside code blocks, all of them if section is "", else those under the
-// heading named section (down to the next heading of its level or above).
-func headingAnchors(readme []byte, section string) map[string]bool {
+// headingAnchors returns the GitHub anchors of page's headings outside
+// code blocks: all of them if level is 0, else those of that level.
+func headingAnchors(page []byte, level int) map[string]bool {
 	anchors := map[string]bool{}
 	fenced := false
-	inside, level := section == "", 0
-	sc := bufio.NewScanner(bytes.NewReader(readme))
+	sc := bufio.NewScanner(bytes.NewReader(page))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
@@ -243,18 +248,8 @@ func headingAnchors(readme []byte, section string) map[string]bool {
 			continue
 		}
 		hashes := len(line) - len(strings.TrimLeft(line, "#"))
-		title := strings.TrimSpace(line[hashes:])
-		if section != "" {
-			switch {
-			case title == section && !inside:
-				inside, level = true, hashes
-				continue
-			case inside && hashes <= level:
-				inside = false
-			}
-		}
-		if inside {
-			anchors[githubAnchor(title)] = true
+		if level == 0 || hashes == level {
+			anchors[githubAnchor(strings.TrimSpace(line[hashes:]))] = true
 		}
 	}
 	return anchors

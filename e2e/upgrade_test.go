@@ -15,8 +15,8 @@ import (
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
 
-// The objects an upgrade applies apart from the others, in the README's
-// order (Upgrade and rollback).
+// The objects an upgrade applies apart from the others, in the order of
+// docs/operations/upgrade.md.
 func isApprover(o sandbox.ManifestObject) bool {
 	return o.Kind == "Deployment" && o.Name == "kube-apicache-approver"
 }
@@ -38,7 +38,7 @@ func isConfig(o sandbox.ManifestObject) bool {
 //     manifests) and intercepting.
 //  2. When two load clients read and write through the VIP (a new
 //     connection per request, and one reused HTTP/2 connection), and this
-//     tree's manifests are applied in the README's order (the approver,
+//     tree's manifests are applied in the upgrade page's order (the approver,
 //     then the agents, then the configuration, restarting both if it
 //     changed), and then the previous ones in the reverse order (the
 //     configuration first, then the agents, then the approver), then no
@@ -234,7 +234,7 @@ func (u *upgradeScenario) installPrevious(t *testing.T, ctx context.Context) {
 }
 
 // upgradeAndRollback: when two load clients run through the VIP and the
-// current manifests are rolled out in the README's order, then the
+// current manifests are rolled out in the upgrade page's order, then the
 // previous ones in the reverse order, then no request fails.
 func (u *upgradeScenario) upgradeAndRollback(t *testing.T, ctx context.Context) {
 	u.setUpClients(t, ctx)

@@ -9,7 +9,8 @@ import (
 	"testing"
 )
 
-// compatibilityRow is one row of the README's compatibility matrix.
+// compatibilityRow is one row of the compatibility matrix in
+// docs/install/requirements.md.
 type compatibilityRow struct {
 	dimension, value, status string
 }
@@ -17,13 +18,13 @@ type compatibilityRow struct {
 // tested says whether the row claims that the e2e suite runs it.
 func (r compatibilityRow) tested() bool { return strings.HasPrefix(r.status, "**Tested**") }
 
-// compatibilityMatrix returns the rows of the table under the README's
-// "## Compatibility" heading.
-func compatibilityMatrix(t *testing.T, readme string) []compatibilityRow {
+// compatibilityMatrix returns the rows of the table under the
+// "## Compatibility" heading of page.
+func compatibilityMatrix(t *testing.T, page string) []compatibilityRow {
 	t.Helper()
-	_, section, ok := strings.Cut(readme, "\n## Compatibility\n")
+	_, section, ok := strings.Cut(page, "\n## Compatibility\n")
 	if !ok {
-		t.Fatal("README.md has no ## Compatibility section")
+		t.Fatal("docs/install/requirements.md has no ## Compatibility section")
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	var rows []compatibilityRow
@@ -51,18 +52,18 @@ var kubeModuleRef = regexp.MustCompile(`(?m)^(?:require)?\s*k8s\.io/kubernetes (
 // with: startRealNodeSandbox(t, ctx, dir, images, "<mode>").
 var proxyModeRef = regexp.MustCompile(`startRealNodeSandbox\(.*,\s*"([a-z]+)"\)`)
 
-// TestCompatibilityMatrix keeps the README's compatibility matrix honest:
+// TestCompatibilityMatrix keeps the compatibility matrix honest:
 // the Kubernetes releases it marks tested are exactly those e2e/k8s pins
 // (hack/test.sh runs the matrix scenario on each), the one it says the
 // whole suite runs on is the release the e2e builds pin, and the
 // kube-proxy modes it marks tested are exactly those the e2e suite runs a
 // real kube-proxy in.
 func TestCompatibilityMatrix(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+	page, err := os.ReadFile("../../docs/install/requirements.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := compatibilityMatrix(t, string(readme))
+	rows := compatibilityMatrix(t, string(page))
 
 	pinned := map[string]bool{}
 	b, err := os.ReadFile("../../hack/build-e2e-test.sh")

@@ -34,7 +34,7 @@ type configFile struct {
 }
 
 func (c *configFile) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&c.path, "config", "", "Configuration file (kind AgentConfiguration, apiVersion "+configv1alpha1.SchemeGroupVersion.String()+"; see the README's configuration reference). It sets every flag the command line leaves unset; the agent and the approver read the same file.")
+	fs.StringVar(&c.path, "config", "", "Configuration file (kind AgentConfiguration, apiVersion "+configv1alpha1.SchemeGroupVersion.String()+"; see docs/reference/config.md). It sets every flag the command line leaves unset; the agent and the approver read the same file.")
 }
 
 // apply loads the file, if any, into the flags of fs that the command line

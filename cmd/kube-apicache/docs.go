@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -15,42 +18,72 @@ import (
 // helpColumns is the width --help and the generated reference wrap at.
 const helpColumns = 100
 
-// Generated sections of README.md, each between a begin and an end marker.
+// Generated sections of the documentation, each between a begin and an end
+// marker in the page docsPages names.
 const (
 	docsFlags  = "flags"
 	docsConfig = "config"
+	docsCLI    = "cli"
 )
 
+// docsPages is the page, relative to the documentation's directory, that
+// holds each generated section.
+var docsPages = map[string]string{
+	docsFlags:  "reference/flags.md",
+	docsConfig: "reference/config.md",
+	docsCLI:    "reference/cli.md",
+}
+
 // newDocsCommand returns `kube-apicache docs`, which writes the reference
-// sections of README.md from the code: the --help of each command and the
-// configuration file's fields. `make docs` runs it; a unit test fails when
-// the README is out of date.
+// pages' generated sections from the code: the --help of each command and
+// the configuration file's fields. `make docs` runs it; a unit test fails
+// when a page is out of date.
 func newDocsCommand(root *cobra.Command) *cobra.Command {
-	var readme string
+	var dir string
 	cmd := &cobra.Command{
 		Use:           "docs",
-		Short:         "Regenerate the flag and configuration references in README.md",
+		Short:         "Regenerate the flag, configuration and command references under docs/",
 		Hidden:        true,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			old, err := os.ReadFile(readme)
-			if err != nil {
-				return err
+			sections := generatedDocs(root)
+			for _, page := range slices.Sorted(maps.Keys(pageSections(sections))) {
+				path := filepath.Join(dir, filepath.FromSlash(page))
+				old, err := os.ReadFile(path)
+				if err != nil {
+					return err
+				}
+				updated, err := updateDocs(old, pageSections(sections)[page])
+				if err != nil {
+					return fmt.Errorf("%s: %w", path, err)
+				}
+				if bytes.Equal(old, updated) {
+					continue
+				}
+				if err := os.WriteFile(path, updated, 0o644); err != nil {
+					return err
+				}
 			}
-			updated, err := updateDocs(old, generatedDocs(root))
-			if err != nil {
-				return fmt.Errorf("%s: %w", readme, err)
-			}
-			if bytes.Equal(old, updated) {
-				return nil
-			}
-			return os.WriteFile(readme, updated, 0o644)
+			return nil
 		},
 	}
-	cmd.Flags().StringVar(&readme, "readme", "README.md", "The README to update in place.")
+	cmd.Flags().StringVar(&dir, "dir", "docs", "The documentation's directory, whose reference pages are updated in place.")
 	return cmd
+}
+
+// pageSections groups the generated sections by the page that holds them.
+func pageSections(sections map[string]string) map[string]map[string]string {
+	pages := map[string]map[string]string{}
+	for name, body := range sections {
+		page := docsPages[name]
+		if pages[page] == nil {
+			pages[page] = map[string]string{}
+		}
+		pages[page][name] = body
+	}
+	return pages
 }
 
 // generatedDocs renders each generated section.
@@ -62,18 +95,20 @@ func generatedDocs(root *cobra.Command) map[string]string {
 		}
 		return c
 	}
-	approver, cleanup, diff := sub("approver"), sub("cleanup"), sub("diff")
+	approver, cleanup := sub("approver"), sub("cleanup")
 	var flags strings.Builder
-	for _, c := range []*cobra.Command{root, approver, cleanup, diff} {
-		fmt.Fprintf(&flags, "`%s --help`:\n\n```\n", c.CommandPath())
-		var b bytes.Buffer
-		c.SetOut(&b)
-		_ = c.Help()
-		c.SetOut(nil)
-		for line := range strings.Lines(strings.TrimRight(b.String(), "\n")) {
-			flags.WriteString(strings.TrimRight(line, " \n") + "\n")
+	writeHelp(&flags, root)
+	var cli strings.Builder
+	for _, c := range root.Commands() {
+		if c.Name() == "help" || c.Name() == "completion" {
+			continue
 		}
-		flags.WriteString("```\n\n")
+		fmt.Fprintf(&cli, "## `%s`\n\n%s.", c.CommandPath(), c.Short)
+		if c.Hidden {
+			cli.WriteString(" Hidden from `kube-apicache --help`.")
+		}
+		cli.WriteString("\n\n")
+		writeHelp(&cli, c)
 	}
 	config := configv1alpha1.Reference([]configv1alpha1.Reader{
 		{Name: "agent", Flags: root.Flags()},
@@ -83,12 +118,26 @@ func generatedDocs(root *cobra.Command) map[string]string {
 	return map[string]string{
 		docsFlags:  strings.TrimRight(flags.String(), "\n") + "\n",
 		docsConfig: config,
+		docsCLI:    strings.TrimRight(cli.String(), "\n") + "\n",
 	}
 }
 
-// updateDocs replaces the body of each generated section of readme.
-func updateDocs(readme []byte, sections map[string]string) ([]byte, error) {
-	out := string(readme)
+// writeHelp writes c's --help as a code block, trailing spaces trimmed.
+func writeHelp(w *strings.Builder, c *cobra.Command) {
+	fmt.Fprintf(w, "`%s --help`:\n\n```\n", c.CommandPath())
+	var b bytes.Buffer
+	c.SetOut(&b)
+	_ = c.Help()
+	c.SetOut(nil)
+	for line := range strings.Lines(strings.Trim(b.String(), "\n")) {
+		w.WriteString(strings.TrimRight(line, " \n") + "\n")
+	}
+	w.WriteString("```\n\n")
+}
+
+// updateDocs replaces the body of each generated section of page.
+func updateDocs(page []byte, sections map[string]string) ([]byte, error) {
+	out := string(page)
 	for name, body := range sections {
 		re := regexp.MustCompile(`(?s)(<!-- BEGIN GENERATED ` + name + ` [^>]*-->\n).*?(<!-- END GENERATED ` + name + ` -->)`)
 		if !re.MatchString(out) {

@@ -10,20 +10,78 @@ import (
 	"testing"
 )
 
-// TestREADMEReferenceCurrent: the README's generated sections (each
+// TestDocsReferenceCurrent: the reference pages' generated sections (each
 // command's --help and the configuration reference) are what the code
 // generates now; `make docs` rewrites them.
-func TestREADMEReferenceCurrent(t *testing.T) {
-	readme, err := os.ReadFile("../../README.md")
+func TestDocsReferenceCurrent(t *testing.T) {
+	for page, sections := range pageSections(generatedDocs(newCommand())) {
+		path := filepath.Join("../../docs", filepath.FromSlash(page))
+		old, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		updated, err := updateDocs(old, sections)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if !bytes.Equal(old, updated) {
+			t.Errorf("docs/%s's generated reference is out of date: run `make docs`", page)
+		}
+	}
+}
+
+// TestDocsStale: a page whose generated section differs from the code's is
+// rewritten, so TestDocsReferenceCurrent can fail; a page without the
+// markers is an error.
+func TestDocsStale(t *testing.T) {
+	stale := []byte("# Flags\n\n<!-- BEGIN GENERATED flags (make docs) -->\nold\n<!-- END GENERATED flags -->\n")
+	updated, err := updateDocs(stale, map[string]string{docsFlags: "new\n"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	updated, err := updateDocs(readme, generatedDocs(newCommand()))
-	if err != nil {
+	if want := "# Flags\n\n<!-- BEGIN GENERATED flags (make docs) -->\nnew\n<!-- END GENERATED flags -->\n"; string(updated) != want {
+		t.Errorf("updated page:\n%s\nwant:\n%s", updated, want)
+	}
+	if _, err := updateDocs([]byte("# Flags\n"), map[string]string{docsFlags: "new\n"}); err == nil {
+		t.Error("a page without the generated section's markers: no error")
+	}
+}
+
+// TestDocsCommand: `kube-apicache docs --dir` writes every generated page
+// of a copy of the documentation, which then passes the check above.
+func TestDocsCommand(t *testing.T) {
+	dir := t.TempDir()
+	for _, page := range docsPages {
+		b, err := os.ReadFile(filepath.Join("../../docs", filepath.FromSlash(page)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b = bytes.ReplaceAll(b, []byte("```\n<!-- END"), []byte("stale\n```\n<!-- END"))
+		path := filepath.Join(dir, filepath.FromSlash(page))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := newCommand()
+	cmd.SetArgs([]string{"docs", "--dir", dir})
+	if err := cmd.Execute(); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(readme, updated) {
-		t.Errorf("README.md's generated reference is out of date: run `make docs`")
+	for page, sections := range pageSections(generatedDocs(newCommand())) {
+		b, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(page)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(b, []byte("stale")) {
+			t.Errorf("%s still holds the stale text", page)
+		}
+		updated, err := updateDocs(b, sections)
+		if err != nil || !bytes.Equal(b, updated) {
+			t.Errorf("%s is not current after kube-apicache docs (%v)", page, err)
+		}
 	}
 }
 
@@ -44,20 +102,21 @@ func TestHelpSections(t *testing.T) {
 	}
 }
 
-// TestREADMELayoutCurrent: the README's Layout table has one row for each
-// package of the module (`go list ./...`), and every path it names exists.
-func TestREADMELayoutCurrent(t *testing.T) {
+// TestLayoutCurrent: the Layout table of docs/development/design.md has one
+// row for each package of the module (`go list ./...`), and every path it
+// names exists.
+func TestLayoutCurrent(t *testing.T) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Skip("no go command to list the packages with")
 	}
-	readme, err := os.ReadFile("../../README.md")
+	design, err := os.ReadFile("../../docs/development/design.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, layout, ok := strings.Cut(string(readme), "\n## Layout\n")
+	_, layout, ok := strings.Cut(string(design), "\n## Layout\n")
 	if !ok {
-		t.Fatal("README.md has no Layout section")
+		t.Fatal("docs/development/design.md has no Layout section")
 	}
 	if end := strings.Index(layout, "\n## "); end >= 0 {
 		layout = layout[:end]
@@ -93,7 +152,7 @@ func TestREADMELayoutCurrent(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !rows[filepath.ToSlash(rel)] {
-			t.Errorf("package %s has no row in the README's Layout table", filepath.ToSlash(rel))
+			t.Errorf("package %s has no row in the Layout table of docs/development/design.md", filepath.ToSlash(rel))
 		}
 	}
 }

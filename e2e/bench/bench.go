@@ -75,7 +75,7 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	// The probe budget is off: the consistent-read case measures what a
 	// probe round saves at 1 to 64 readers in flight from one source,
 	// hundreds of rounds a second, past the default budget's 100 rounds
-	// a second for one source (README "Control-plane cost per node").
+	// a second for one source (docs/operations/capacity.md, "Control-plane cost per node").
 	extra := []string{"--profiling", "--probe-objects-per-second=-1", "--probe-objects-per-second-per-source=-1",
 		"--probes-per-second=-1", "--probes-per-second-per-source=-1"}
 	if b.agent, err = c.StartAgent(ctx, pod, agentBin, c.AgentArgs(certFile, keyFile, extra...)...); err != nil {

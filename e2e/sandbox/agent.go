@@ -81,7 +81,7 @@ func (c *Cluster) AgentArgs(certFile, keyFile string, extra ...string) []string 
 		"-v=2",
 	}
 	if c.Minor < ConstrainedImpersonationMinor {
-		// What the README asks of clusters without constrained
+		// What docs/install/requirements.md asks of clusters without constrained
 		// impersonation; applyRBAC grants the reads it needs.
 		defaults = append(defaults, "--cache-as-node=false")
 	}

@@ -32,7 +32,7 @@ func (c *Cluster) ApplyRBAC(ctx context.Context) error { return c.applyRBAC(ctx)
 // manifests. Objects of other kinds in those files are ignored.
 func (c *Cluster) applyRBAC(ctx context.Context) error {
 	if c.Minor < ConstrainedImpersonationMinor {
-		// Before 1.36 the agents run as the README says for such
+		// Before 1.36 the agents run as docs/install/requirements.md says for such
 		// clusters (AgentArgs: --cache-as-node=false), with this grant.
 		rule := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods", "nodes"}, Verbs: []string{"list", "watch"}}
 		for _, obj := range []runtime.Object{

@@ -7,7 +7,7 @@
 // file sets the flags the command line leaves unset: a flag given on the
 // command line wins over the file. Fields whose flag a command does not
 // have are ignored by it (the approver reads only the cluster section). The
-// reference in the README is generated from these types and the flags'
+// reference in docs/reference/config.md is generated from these types and the flags'
 // help (`kube-apicache docs`), so it cannot drift from the code.
 package v1alpha1
 
