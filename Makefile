@@ -219,7 +219,9 @@ e2e-test:
 # Container images as OCI image layout archives in $(IMAGES_DIR), built
 # without a Docker engine by hack/image (its own Go module) from the Debian
 # packages in hack/image/packages.txt (apt-get download, dpkg-deb; the
-# .debs are cached in _output/cache/debs) and static Go binaries,
+# .debs are cached in _output/cache/debs; each package is recorded in
+# /var/lib/dpkg/status.d, where Trivy, Grype and Syft look for the packages
+# of an image without a dpkg database) and static Go binaries,
 # cross-compiled for each platform. Load one into a node's containerd with
 #   ctr -n k8s.io images import $(IMAGES_DIR)/kube-apicache.oci.tar
 # which unpacks the node's own platform. The Dockerfile builds the same

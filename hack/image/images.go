@@ -69,6 +69,14 @@ func (b *builder) agentImage(ctx context.Context, ref imageRef) (imageSpec, erro
 	if err := addRuntimeDirs(rootfs); err != nil {
 		return imageSpec{}, err
 	}
+	// What scanners read to know the packages, with no dpkg database.
+	installed, err := readDebControls(ctx, debs)
+	if err != nil {
+		return imageSpec{}, err
+	}
+	if err := writeDpkgStatus(rootfs, installed); err != nil {
+		return imageSpec{}, err
+	}
 	missing, err := missingLibraries(rootfs, b.platform)
 	if err != nil {
 		return imageSpec{}, err

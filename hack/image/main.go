@@ -5,8 +5,9 @@
 //	--agent   kube-apicache.oci.tar: the agent at /kube-apicache on the
 //	          iptables userspace (both backends) and its libraries,
 //	          unpacked from the Debian packages in packages.txt with
-//	          apt-get download and dpkg-deb; the same contents as the
-//	          Dockerfile's image
+//	          apt-get download and dpkg-deb and recorded for scanners in
+//	          /var/lib/dpkg/status.d (dpkgstatus.go); the same contents
+//	          as the Dockerfile's image
 //	--pause   pause.oci.tar: registry.k8s.io/pause:3.10 for the real-node
 //	          e2e sandbox, built from ./pause
 //	--client  client.oci.tar: kube-apicache-client:e2e, /podclient
