@@ -229,7 +229,11 @@ e2e-test:
 #   make image       the agent, named $(IMAGE), for $(IMAGE_PLATFORMS): one
 #                    archive whose index.json points to an image index with
 #                    a manifest per platform (IMAGE_PLATFORMS=linux/amd64:
-#                    that platform's image alone)
+#                    that platform's image alone), and beside it each
+#                    platform image's SBOM, kube-apicache.linux-amd64.spdx.json
+#                    and so on (SPDX 2.3: the Debian packages and the Go
+#                    modules of the agent's build info; checked against
+#                    the archive by `go -C hack/image run . check-sbom`)
 #   make e2e-images  registry.k8s.io/pause:3.10 and kube-apicache-client:e2e
 #                    (/podclient, and $(KUBECTL)) for the real-node e2e,
 #                    linux/amd64 only: the sandbox's node is this machine,
