@@ -17,6 +17,9 @@
 #                upstream e2e conformance specs (e2e/conformance/specs.txt)
 #                from a sandbox pod through the agent and directly, compared
 #                spec by spec (CONFORMANCE_ARGS=-help lists its flags)
+#   make release VERSION=vX.Y.Z
+#                a release's artefacts in _output/release/VERSION
+#                (docs/development/release.md)
 #   make upgrade-images
 #                the previous commit's agent image and rendered manifests
 #                for the upgrade e2e (KUBE_APICACHE_UPGRADE_FROM=<rev>
@@ -258,6 +261,18 @@ e2e-images: apt-lists
 UPGRADE_DIR ?= $(CURDIR)/_output/upgrade
 upgrade-images: apt-lists
 	GO=$(GO) KUBECTL=$(KUBECTL) UPGRADE_DIR=$(UPGRADE_DIR) ./hack/previous-images.sh
+
+# A release's artefacts, built from the checked-out commit without a git
+# tag, into _output/release/$(VERSION) (hack/release.sh says what each is):
+#   make release VERSION=v0.1.0 [IMAGE_REPO=ghcr.io/kube-apicache/kube-apicache]
+# the agent image archive for $(IMAGE_PLATFORMS) stamped VERSION, its SBOMs
+# (checked against the archive), the manifests rendered with the image
+# pinned by digest, the Helm chart when manifests/helm/kube-apicache
+# exists, the CHANGELOG section as release-notes.md, and SHA256SUMS.
+# docs/development/release.md is the whole procedure.
+.PHONY: release
+release:
+	GO=$(GO) KUBECTL=$(KUBECTL) MAKE=$(MAKE) IMAGE_PLATFORMS=$(IMAGE_PLATFORMS) ./hack/release.sh $(VERSION)
 
 # apt-get download needs dpkg to take each platform's Debian architecture
 # (the same name as GOARCH for amd64 and arm64) and apt's package lists for

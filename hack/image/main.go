@@ -27,11 +27,13 @@
 //	go -C hack/image run . --agent --out "$PWD/_output/images"
 //
 // Besides the images, it writes kube-apicache.OS-ARCH.spdx.json beside
-// the agent's archive: each platform image's SBOM (sbom.go). Another
-// command checks them:
+// the agent's archive: each platform image's SBOM (sbom.go). Two more
+// commands serve hack/release.sh:
 //
 //	check-sbom --archive A SBOM...   fails unless the SBOMs list exactly
 //	                                 what A's images hold
+//	chart --version V --digest D ... CHART
+//	                                 packages a Helm chart pinned to D
 //
 // Relative paths in flags are relative to the working directory, which
 // `go -C` makes hack/image.
@@ -96,6 +98,7 @@ func main() {
 // commands are the commands besides building images, by name.
 var commands = map[string]func(args []string) error{
 	"check-sbom": checkSBOMCommand,
+	"chart":      chartCommand,
 }
 
 // failOn exits with the error on one line, if there is one.
@@ -122,6 +125,30 @@ func checkSBOMCommand(args []string) error {
 		return err
 	}
 	slog.Info("SBOMs list what the images hold", "archive", *archive, "sboms", len(fs.Args()))
+	return nil
+}
+
+// chartCommand is `chart --version vX.Y.Z --digest sha256:... [--repository R]
+// --out DIR CHART`: packages the Helm chart in CHART pinned to that image
+// (packageChart) and prints the archive's path.
+func chartCommand(args []string) error {
+	fs := flag.NewFlagSet("chart", flag.ContinueOnError)
+	var rel chartRelease
+	fs.StringVar(&rel.Version, "version", "", "release, vX.Y.Z")
+	fs.StringVar(&rel.Digest, "digest", "", "image digest, sha256:...")
+	fs.StringVar(&rel.Repository, "repository", "", "image repository (default: the chart's)")
+	out := fs.String("out", ".", "directory for the chart archive")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("usage: chart --version vX.Y.Z --digest sha256:... [--repository R] --out DIR CHART")
+	}
+	path, err := packageChart(fs.Arg(0), *out, rel)
+	if err != nil {
+		return err
+	}
+	fmt.Println(path)
 	return nil
 }
 
