@@ -59,6 +59,15 @@ RUN --mount=type=cache,target=/root/.cache/go-build \
 # hack/image does). The paths in hack/image/rootfs-exclude.txt (man pages,
 # gconv modules) are left out. /tmp is world-writable; /run is where the
 # DaemonSet mounts the host's xtables lock.
+#
+# Each package is recorded as hack/image records it, for scanners (Trivy,
+# Grype, Syft) to find with no dpkg database: its control file with
+# "Status: install ok installed" after the Package field in
+# /var/lib/dpkg/status.d/PACKAGE, and the lines of its md5sums whose files
+# the image holds in /var/lib/dpkg/status.d/PACKAGE.md5sums. The SBOM that
+# `make image` writes beside its archive has no counterpart here; `docker
+# buildx build --sbom=true` attaches one from BuildKit's Syft scanner,
+# which reads those files.
 FROM --platform=$BUILDPLATFORM ${DEBIAN_IMAGE} AS rootfs
 ARG TARGETARCH
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -73,6 +82,18 @@ RUN dpkg --add-architecture "${TARGETARCH}" \
  && mkdir /rootfs \
  && for deb in *.deb; do \
       dpkg-deb --fsys-tarfile "${deb}" | tar -x -C /rootfs --exclude-from=/tmp/rootfs-exclude.txt; \
+    done \
+ && mkdir -p /rootfs/var/lib/dpkg/status.d \
+ && for deb in *.deb; do \
+      pkg=$(dpkg-deb --field "${deb}" Package) \
+      && status=/rootfs/var/lib/dpkg/status.d/${pkg} \
+      && dpkg-deb --ctrl-tarfile "${deb}" | tar -xO ./control \
+           | awk '{ print } /^Package:/ { print "Status: install ok installed" }' >"${status}" \
+      && { dpkg-deb --ctrl-tarfile "${deb}" | tar -xO ./md5sums 2>/dev/null || true; } \
+           | while IFS= read -r line; do \
+               f=/rootfs/${line#*  }; if [ -e "${f}" ] || [ -L "${f}" ]; then printf '%s\n' "${line}"; fi; \
+             done >"${status}.md5sums" \
+      && { [ -s "${status}.md5sums" ] || rm "${status}.md5sums"; } || exit 1; \
     done \
  && install -d -m 1777 /rootfs/tmp \
  && install -d -m 0755 /rootfs/run

@@ -17,6 +17,9 @@
 #                upstream e2e conformance specs (e2e/conformance/specs.txt)
 #                from a sandbox pod through the agent and directly, compared
 #                spec by spec (CONFORMANCE_ARGS=-help lists its flags)
+#   make release VERSION=vX.Y.Z
+#                a release's artefacts in _output/release/VERSION
+#                (docs/development/release.md)
 #   make upgrade-images
 #                the previous commit's agent image and rendered manifests
 #                for the upgrade e2e (KUBE_APICACHE_UPGRADE_FROM=<rev>
@@ -220,7 +223,9 @@ e2e-test:
 # Container images as OCI image layout archives in $(IMAGES_DIR), built
 # without a Docker engine by hack/image (its own Go module) from the Debian
 # packages in hack/image/packages.txt (apt-get download, dpkg-deb; the
-# .debs are cached in _output/cache/debs) and static Go binaries,
+# .debs are cached in _output/cache/debs; each package is recorded in
+# /var/lib/dpkg/status.d, where Trivy, Grype and Syft look for the packages
+# of an image without a dpkg database) and static Go binaries,
 # cross-compiled for each platform. Load one into a node's containerd with
 #   ctr -n k8s.io images import $(IMAGES_DIR)/kube-apicache.oci.tar
 # which unpacks the node's own platform. The Dockerfile builds the same
@@ -228,7 +233,11 @@ e2e-test:
 #   make image       the agent, named $(IMAGE), for $(IMAGE_PLATFORMS): one
 #                    archive whose index.json points to an image index with
 #                    a manifest per platform (IMAGE_PLATFORMS=linux/amd64:
-#                    that platform's image alone)
+#                    that platform's image alone), and beside it each
+#                    platform image's SBOM, kube-apicache.linux-amd64.spdx.json
+#                    and so on (SPDX 2.3: the Debian packages and the Go
+#                    modules of the agent's build info; checked against
+#                    the archive by `go -C hack/image run . check-sbom`)
 #   make e2e-images  registry.k8s.io/pause:3.10 and kube-apicache-client:e2e
 #                    (/podclient, and $(KUBECTL)) for the real-node e2e,
 #                    linux/amd64 only: the sandbox's node is this machine,
@@ -253,6 +262,18 @@ e2e-images: apt-lists
 UPGRADE_DIR ?= $(CURDIR)/_output/upgrade
 upgrade-images: apt-lists
 	GO=$(GO) KUBECTL=$(KUBECTL) UPGRADE_DIR=$(UPGRADE_DIR) ./hack/previous-images.sh
+
+# A release's artefacts, built from the checked-out commit without a git
+# tag, into _output/release/$(VERSION) (hack/release.sh says what each is):
+#   make release VERSION=v0.1.0 [IMAGE_REPO=ghcr.io/kube-apicache/kube-apicache]
+# the agent image archive for $(IMAGE_PLATFORMS) stamped VERSION, its SBOMs
+# (checked against the archive), the manifests rendered with the image
+# pinned by digest, the Helm chart when manifests/helm/kube-apicache
+# exists, the CHANGELOG section as release-notes.md, and SHA256SUMS.
+# docs/development/release.md is the whole procedure.
+.PHONY: release
+release:
+	GO=$(GO) KUBECTL=$(KUBECTL) MAKE=$(MAKE) IMAGE_PLATFORMS=$(IMAGE_PLATFORMS) ./hack/release.sh $(VERSION)
 
 # apt-get download needs dpkg to take each platform's Debian architecture
 # (the same name as GOARCH for amd64 and arm64) and apt's package lists for

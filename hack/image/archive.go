@@ -33,6 +33,8 @@ type imageSpec struct {
 	Ref    imageRef
 	Config v1.Config
 	Layers []layerSpec
+	// SBOM, if set, is what the image holds for its SBOM (writeSBOM).
+	SBOM *sbomInput
 }
 
 // layerSpec is one layer: CreatedBy goes to the image's history.

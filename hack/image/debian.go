@@ -218,19 +218,28 @@ func checkDebArch(ctx context.Context, arch string) error {
 }
 
 func checkSHA256(path, want string) error {
-	f, err := os.Open(path)
+	got, err := fileSHA256(path)
 	if err != nil {
 		return err
+	}
+	if got != want {
+		return fmt.Errorf("%s: sha256 %s, apt lists %s", path, got, want)
+	}
+	return nil
+}
+
+// fileSHA256 returns the hex SHA-256 of the file at path.
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
 	}
 	defer f.Close()
 	h := sha256.New()
 	if _, err := io.Copy(h, f); err != nil {
-		return fmt.Errorf("%s: %w", path, err)
+		return "", fmt.Errorf("%s: %w", path, err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != want {
-		return fmt.Errorf("%s: sha256 %s, apt lists %s", path, got, want)
-	}
-	return nil
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // extractDebs unpacks the data of each .deb into root as `dpkg-deb -x`

@@ -69,6 +69,20 @@ func (b *builder) agentImage(ctx context.Context, ref imageRef) (imageSpec, erro
 	if err := addRuntimeDirs(rootfs); err != nil {
 		return imageSpec{}, err
 	}
+	// What scanners read to know the packages (status.d) and what the
+	// SBOM lists of them.
+	installed, err := readDebControls(ctx, debs)
+	if err != nil {
+		return imageSpec{}, err
+	}
+	if err := writeDpkgStatus(rootfs, installed); err != nil {
+		return imageSpec{}, err
+	}
+	licenses := make(map[string]debLicense, len(installed))
+	for _, p := range installed {
+		expr, names := debianLicense(readCopyright(rootfs, p.Package))
+		licenses[p.Package] = debLicense{Expr: expr, Names: names}
+	}
 	missing, err := missingLibraries(rootfs, b.platform)
 	if err != nil {
 		return imageSpec{}, err
@@ -84,16 +98,28 @@ func (b *builder) agentImage(ctx context.Context, ref imageRef) (imageSpec, erro
 	if err := b.goBuild(ctx, b.src, "./cmd/kube-apicache", bin, b.agentLdflags); err != nil {
 		return imageSpec{}, err
 	}
+	stamp := parseStamp(b.agentLdflags)
 	return imageSpec{
 		Ref: ref,
 		// Runs as root: iptables and netlink act on the host network
 		// namespace; the DaemonSet keeps only NET_ADMIN and NET_RAW.
-		Config: v1.Config{Entrypoint: []string{"/kube-apicache"}, Env: []string{defaultPath}},
+		Config: v1.Config{Entrypoint: []string{"/kube-apicache"}, Env: []string{defaultPath}, Labels: agentLabels(stamp)},
 		Layers: []layerSpec{
 			{CreatedBy: "hack/image: Debian packages from hack/image/packages.txt", Fill: func(w *treeWriter) error { return w.AddTree(rootfs) }},
-			{CreatedBy: "hack/image: /kube-apicache", Fill: func(w *treeWriter) error { return w.AddFile("kube-apicache", bin, 0o755) }},
+			{CreatedBy: "hack/image: /kube-apicache", Fill: func(w *treeWriter) error { return w.AddFile(agentPath, bin, 0o755) }},
 		},
+		SBOM: &sbomInput{Binary: bin, Debs: installed, Licenses: licenses, License: repoLicense(b.src), Stamp: stamp},
 	}, nil
+}
+
+// repoLicense is the SPDX identifier of the license in src's LICENSE file,
+// if it is one this knows (Apache 2.0), else "".
+func repoLicense(src string) string {
+	b, err := os.ReadFile(filepath.Join(src, "LICENSE"))
+	if err == nil && strings.Contains(strings.Join(strings.Fields(string(b[:min(len(b), 400)])), " "), "Apache License Version 2.0") {
+		return "Apache-2.0"
+	}
+	return ""
 }
 
 // pauseImage builds hack/image/pause and returns the pause image's spec.

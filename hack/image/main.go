@@ -5,8 +5,9 @@
 //	--agent   kube-apicache.oci.tar: the agent at /kube-apicache on the
 //	          iptables userspace (both backends) and its libraries,
 //	          unpacked from the Debian packages in packages.txt with
-//	          apt-get download and dpkg-deb; the same contents as the
-//	          Dockerfile's image
+//	          apt-get download and dpkg-deb and recorded for scanners in
+//	          /var/lib/dpkg/status.d (dpkgstatus.go); the same contents
+//	          as the Dockerfile's image
 //	--pause   pause.oci.tar: registry.k8s.io/pause:3.10 for the real-node
 //	          e2e sandbox, built from ./pause
 //	--client  client.oci.tar: kube-apicache-client:e2e, /podclient
@@ -24,6 +25,15 @@
 // versions the agent is built with). Run it from this directory:
 //
 //	go -C hack/image run . --agent --out "$PWD/_output/images"
+//
+// Besides the images, it writes kube-apicache.OS-ARCH.spdx.json beside
+// the agent's archive: each platform image's SBOM (sbom.go). Two more
+// commands serve hack/release.sh:
+//
+//	check-sbom --archive A SBOM...   fails unless the SBOMs list exactly
+//	                                 what A's images hold
+//	chart --version V --digest D ... CHART
+//	                                 packages a Helm chart pinned to D
 //
 // Relative paths in flags are relative to the working directory, which
 // `go -C` makes hack/image.
@@ -56,6 +66,12 @@ type options struct {
 }
 
 func main() {
+	if len(os.Args) > 1 {
+		if cmd := commands[os.Args[1]]; cmd != nil {
+			failOn(cmd(os.Args[2:]))
+			return
+		}
+	}
 	var o options
 	flag.StringVar(&o.src, "src", "", "kube-apicache source tree (default: the directory above with its go.mod)")
 	flag.StringVar(&o.out, "out", "", "directory for the archives (default: SRC/_output/images)")
@@ -74,11 +90,66 @@ func main() {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := buildAll(ctx, o); err != nil {
-		stop()
+	err := buildAll(ctx, o)
+	stop()
+	failOn(err)
+}
+
+// commands are the commands besides building images, by name.
+var commands = map[string]func(args []string) error{
+	"check-sbom": checkSBOMCommand,
+	"chart":      chartCommand,
+}
+
+// failOn exits with the error on one line, if there is one.
+func failOn(err error) {
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "hack/image:", strings.ReplaceAll(err.Error(), "\n", "; "))
 		os.Exit(1)
 	}
+}
+
+// checkSBOMCommand is `check-sbom --archive A SBOM...`: it fails unless the
+// SPDX documents list exactly what the images of the OCI archive A hold,
+// one document an image (checkArchiveSBOMs).
+func checkSBOMCommand(args []string) error {
+	fs := flag.NewFlagSet("check-sbom", flag.ContinueOnError)
+	archive := fs.String("archive", "", "OCI image layout archive")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *archive == "" || fs.NArg() == 0 {
+		return errors.New("usage: check-sbom --archive ARCHIVE SBOM...")
+	}
+	if err := checkArchiveSBOMs(*archive, fs.Args()); err != nil {
+		return err
+	}
+	slog.Info("SBOMs list what the images hold", "archive", *archive, "sboms", len(fs.Args()))
+	return nil
+}
+
+// chartCommand is `chart --version vX.Y.Z --digest sha256:... [--repository R]
+// --out DIR CHART`: packages the Helm chart in CHART pinned to that image
+// (packageChart) and prints the archive's path.
+func chartCommand(args []string) error {
+	fs := flag.NewFlagSet("chart", flag.ContinueOnError)
+	var rel chartRelease
+	fs.StringVar(&rel.Version, "version", "", "release, vX.Y.Z")
+	fs.StringVar(&rel.Digest, "digest", "", "image digest, sha256:...")
+	fs.StringVar(&rel.Repository, "repository", "", "image repository (default: the chart's)")
+	out := fs.String("out", ".", "directory for the chart archive")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("usage: chart --version vX.Y.Z --digest sha256:... [--repository R] --out DIR CHART")
+	}
+	path, err := packageChart(fs.Arg(0), *out, rel)
+	if err != nil {
+		return err
+	}
+	fmt.Println(path)
+	return nil
 }
 
 func buildAll(ctx context.Context, o options) error {
@@ -147,6 +218,16 @@ func buildAll(ctx context.Context, o options) error {
 			if err != nil {
 				return fmt.Errorf("%s (%s): %w", t.file, b.platform, err)
 			}
+			if spec.SBOM != nil {
+				path := filepath.Join(o.out, sbomFile(t.file, b.platform))
+				if err := os.MkdirAll(o.out, 0o755); err != nil {
+					return err
+				}
+				if err := writeSBOM(path, *spec.SBOM, ref, b.platform, img); err != nil {
+					return fmt.Errorf("%s (%s): SBOM: %w", t.file, b.platform, err)
+				}
+				slog.Info("Wrote SBOM", "image", ref.Name, "platform", b.platform.String(), "path", path)
+			}
 			imgs = append(imgs, platformImage{Platform: b.platform, Image: img})
 		}
 		path := filepath.Join(o.out, t.file)
@@ -157,6 +238,13 @@ func buildAll(ctx context.Context, o options) error {
 		logBuilt(path, ref, imgs, digest)
 	}
 	return nil
+}
+
+// sbomFile is the name of the SPDX document of the image of archive (a
+// file name) for p: kube-apicache.oci.tar's linux/amd64 image has
+// kube-apicache.linux-amd64.spdx.json.
+func sbomFile(archive string, p platform) string {
+	return strings.TrimSuffix(archive, ".oci.tar") + "." + p.OS + "-" + p.Arch + ".spdx.json"
 }
 
 func logBuilt(path string, ref imageRef, imgs []platformImage, digest v1.Hash) {
