@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -214,4 +215,46 @@ func TestShippedConfigAsDropInDirectory(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("configuration (-file +merged):\n%s", diff)
 	}
+}
+
+// The drop-ins the components in manifests/components add (the keys
+// named NN-*.yaml) are valid, and each changes the shipped configuration.
+func TestComponentDropIns(t *testing.T) {
+	base := shippedConfig(t)
+	files, err := filepath.Glob("../../../../manifests/components/*/[0-9][0-9]-*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 2 {
+		t.Fatalf("only %d drop-ins under manifests/components", len(files))
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			dir := t.TempDir()
+			data, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeFiles(t, dir, map[string]string{filepath.Base(f): string(data)})
+			c, _, err := LoadWithDropIns("", dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			merged := mergeOver(t, base, c)
+			if cmp.Equal(base, merged) {
+				t.Errorf("%s changes nothing in the shipped configuration", f)
+			}
+		})
+	}
+}
+
+// mergeOver returns base with every field over sets replaced.
+func mergeOver(t *testing.T, base, over *AgentConfiguration) *AgentConfiguration {
+	t.Helper()
+	b, o := base.DeepCopyObject().(*AgentConfiguration), over.DeepCopyObject().(*AgentConfiguration)
+	ob, _ := json.Marshal(o)
+	if err := json.Unmarshal(ob, b); err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
