@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"helm.sh/helm/v3/pkg/chart/loader"
+	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/lint"
 	"helm.sh/helm/v3/pkg/lint/support"
 )
@@ -245,5 +247,31 @@ func TestConfigValues(t *testing.T) {
 	sort.Strings(keys)
 	if diff := cmp.Diff([]string{"50-pre-1.36-identity.yaml", "90-values.yaml", "config.yaml"}, keys); diff != "" {
 		t.Errorf("keys (-want +got):\n%s", diff)
+	}
+}
+
+// The values schema refuses a misspelt value or one of the wrong type,
+// rather than ignoring it: a typo must not leave a component off.
+func TestValuesSchema(t *testing.T) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := chartutil.ReleaseOptions{Name: "kube-apicache", Namespace: namespace, IsInstall: true}
+	for name, tc := range map[string]struct {
+		values map[string]any
+		want   string
+	}{
+		"misspelt":        {values: map[string]any{"audit": map[string]any{"enable": true}}, want: "enable"},
+		"unknown section": {values: map[string]any{"pilots": map[string]any{"enabled": true}}, want: "pilots"},
+		"wrong type":      {values: map[string]any{"pre136Identity": "yes"}, want: "pre136Identity"},
+		"bad digest":      {values: map[string]any{"image": map[string]any{"digest": "latest"}}, want: "digest"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := chartutil.ToRenderValues(ch, tc.values, opts, chartutil.DefaultCapabilities)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one naming %q", err, tc.want)
+			}
+		})
 	}
 }

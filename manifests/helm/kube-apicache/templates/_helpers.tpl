@@ -36,13 +36,3 @@ certificate.
 {{- define "kube-apicache.approver" -}}
 {{- if and .Values.approver.enabled (not .Values.certificate.secretName) }}true{{ end -}}
 {{- end -}}
-
-{{/*
-The --signer-name argument where signerName is not the default, as the
-eks-signer component adds it.
-*/}}
-{{- define "kube-apicache.signerArg" -}}
-{{- if ne .Values.signerName "kubernetes.io/kubelet-serving" }}
-- --signer-name={{ .Values.signerName }}
-{{- end -}}
-{{- end -}}
