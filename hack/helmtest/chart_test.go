@@ -39,13 +39,19 @@ func diffObjects(kustomize, chart objects) string {
 		case !inK:
 			b.WriteString("only the chart renders " + k + "\n")
 		default:
-			if d := cmp.Diff(want, got); d != "" {
+			if d := cmp.Diff(want, got, multiline); d != "" {
 				b.WriteString(k + " (-kustomize +chart):\n" + d)
 			}
 		}
 	}
 	return b.String()
 }
+
+// multiline compares strings of several lines line by line, so that a
+// diff of a ConfigMap's file shows the lines that differ.
+var multiline = cmp.FilterValues(func(x, y string) bool {
+	return strings.Contains(x, "\n") || strings.Contains(y, "\n")
+}, cmp.Transformer("lines", func(s string) []string { return strings.Split(s, "\n") }))
 
 // The chart passes helm's linter, with its defaults and with every value
 // that stands for a component turned on.
