@@ -26,6 +26,8 @@ const killSwitchPoll = 5 * time.Second
 // configFile is --config: the AgentConfiguration file both commands read.
 type configFile struct {
 	path string
+	// dir is --config-dir: drop-ins merged over the file at path.
+	dir string
 	// sections are the top-level sections this command reads; none: all.
 	sections []string
 	// cliInterception is whether --interception was on the command line,
@@ -35,6 +37,23 @@ type configFile struct {
 
 func (c *configFile) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.path, "config", "", "Configuration file (kind AgentConfiguration, apiVersion "+configv1alpha1.SchemeGroupVersion.String()+"; see docs/reference/config.md). It sets every flag the command line leaves unset; the agent and the approver read the same file.")
+	fs.StringVar(&c.dir, "config-dir", "", "Directory of configuration drop-ins: each *"+configv1alpha1.DropInExtension+" file in it (not starting with a dot), in lexical order of the names, is a partial AgentConfiguration with apiVersion and kind, merged over --config as a JSON merge patch (maps merge, lists and values replace, null removes a field), like the kubelet's --config-dir. The --config file is skipped if it lies in the directory, so one ConfigMap can hold both. The directory must exist.")
+}
+
+// load reads --config and the drop-ins of --config-dir, merged.
+func (c *configFile) load() (*configv1alpha1.AgentConfiguration, []string, error) {
+	return configv1alpha1.LoadWithDropIns(c.path, c.dir)
+}
+
+// source names what the configuration was read from, for messages.
+func (c *configFile) source() string {
+	switch {
+	case c.dir == "":
+		return c.path
+	case c.path == "":
+		return c.dir
+	}
+	return c.path + " and " + c.dir
 }
 
 // apply loads the file, if any, into the flags of fs that the command line
@@ -43,12 +62,15 @@ func (c *configFile) addFlags(fs *pflag.FlagSet) {
 // returned Applied names the fields behind the flags the file set.
 func (c *configFile) apply(fs *pflag.FlagSet) (configv1alpha1.Applied, error) {
 	c.cliInterception = fs.Changed("interception")
-	if c.path == "" {
+	if c.path == "" && c.dir == "" {
 		return nil, nil
 	}
-	cfg, err := configv1alpha1.Load(c.path)
+	cfg, dropIns, err := c.load()
 	if err != nil {
 		return nil, fmt.Errorf("--config: %w", err)
+	}
+	if len(dropIns) > 0 {
+		klog.Background().V(2).Info("Configuration drop-ins merged", "config", c.path, "dropIns", dropIns)
 	}
 	// A deprecated name on the command line counts as its flag's: the file
 	// must not override it.
@@ -59,12 +81,12 @@ func (c *configFile) apply(fs *pflag.FlagSet) (configv1alpha1.Applied, error) {
 	}
 	applied, overrides, err := configv1alpha1.ApplyToFlags(cfg, fs, c.sections...)
 	if err != nil {
-		return nil, fmt.Errorf("--config %s: %w", c.path, err)
+		return nil, fmt.Errorf("--config %s: %w", c.source(), err)
 	}
 	logger := klog.Background()
 	for _, o := range overrides {
 		logger.Info("Warning: a command-line flag overrides the configuration file; edits of the field have no effect",
-			"flag", "--"+o.Flag, "field", o.Field.String(), "flagValue", o.FlagValue, "fileValue", o.FileValue, "config", c.path)
+			"flag", "--"+o.Flag, "field", o.Field.String(), "flagValue", o.FlagValue, "fileValue", o.FileValue, "config", c.source())
 	}
 	return applied, nil
 }
@@ -139,7 +161,7 @@ type interceptionSetter interface {
 // ends and hands every change to a. A file that cannot be read or parsed
 // changes nothing (the agent keeps its last setting and logs why).
 func (c *configFile) watchKillSwitch(ctx context.Context, a interceptionSetter) {
-	if c.path == "" || c.cliInterception {
+	if (c.path == "" && c.dir == "") || c.cliInterception {
 		return
 	}
 	logger := klog.FromContext(ctx)
@@ -152,7 +174,7 @@ func (c *configFile) watchKillSwitch(ctx context.Context, a interceptionSetter) 
 			return
 		case <-t.C:
 		}
-		cfg, err := configv1alpha1.Load(c.path)
+		cfg, _, err := c.load()
 		if err != nil {
 			if err.Error() != lastErr {
 				logger.Error(err, "Cannot re-read the configuration file; interception stays as it is")
@@ -162,7 +184,7 @@ func (c *configFile) watchKillSwitch(ctx context.Context, a interceptionSetter) 
 		}
 		lastErr = ""
 		enabled := cfg.Interception.Enabled == nil || *cfg.Interception.Enabled
-		a.SetInterception(enabled, "interception.enabled: "+strconv.FormatBool(enabled)+" in "+c.path)
+		a.SetInterception(enabled, "interception.enabled: "+strconv.FormatBool(enabled)+" in "+c.source())
 	}
 }
 

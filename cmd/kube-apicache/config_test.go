@@ -78,6 +78,54 @@ func TestConfigOverrideWarned(t *testing.T) {
 	}
 }
 
+// Given a main file and a directory of drop-ins, when the agent and the
+// approver read them, then each reads the merged configuration: a later
+// drop-in wins over an earlier one and over the main file, and the
+// approver takes the drop-ins' cluster section too.
+func TestConfigDropIns(t *testing.T) {
+	path := writeTestConfig(t, "cluster:\n  signerName: example.com/main\n  clusterDomain: example.internal\ncache:\n  asNode: true\n")
+	dir := t.TempDir()
+	for name, body := range map[string]string{
+		"10-signer.yaml":   "cluster:\n  signerName: example.com/first\n",
+		"20-signer.yaml":   "cluster:\n  signerName: example.com/second\n",
+		"50-identity.yaml": "cache:\n  asNode: false\n",
+	} {
+		doc := "apiVersion: config.kube-apicache.io/v1alpha1\nkind: AgentConfiguration\n" + body
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fs := newCommand().Flags()
+	if _, err := (&configFile{path: path, dir: dir}).apply(fs); err != nil {
+		t.Fatal(err)
+	}
+	for flag, want := range map[string]string{"signer-name": "example.com/second", "cluster-domain": "example.internal", "cache-as-node": "false"} {
+		if got := fs.Lookup(flag).Value.String(); got != want {
+			t.Errorf("agent's --%s %q, want %q", flag, got, want)
+		}
+	}
+	approver, _, err := newCommand().Find([]string{"approver"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (&configFile{path: path, dir: dir, sections: approverSections}).apply(approver.Flags()); err != nil {
+		t.Fatal(err)
+	}
+	if got := approver.Flags().Lookup("signer-name").Value.String(); got != "example.com/second" {
+		t.Errorf("approver's --signer-name %q, want the last drop-in's", got)
+	}
+
+	// A mistake in one drop-in stops the command with an error naming it.
+	bad := filepath.Join(dir, "30-bad.yaml")
+	if err := os.WriteFile(bad, []byte("apiVersion: config.kube-apicache.io/v1alpha1\nkind: AgentConfiguration\ncache:\n  asnode: false\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = (&configFile{path: path, dir: dir}).apply(newCommand().Flags())
+	if err == nil || !strings.Contains(err.Error(), bad+":") || !strings.Contains(err.Error(), `unknown field "cache.asnode"`) {
+		t.Errorf("error %v, want one naming %s and the unknown field", err, bad)
+	}
+}
+
 // ktestingLogger returns a logger that keeps what it logs, and that text.
 func ktestingLogger(t *testing.T) (klog.Logger, interface{ String() string }) {
 	t.Helper()
@@ -136,7 +184,7 @@ func TestClusterDomainFromResolvConf(t *testing.T) {
 // says are on the command line only: --node-name, --config, --version and
 // the request limit, audit and logging flags.
 func TestFlagsWithoutField(t *testing.T) {
-	commandLineOnly := map[string]bool{"node-name": true, "config": true, "version": true}
+	commandLineOnly := map[string]bool{"node-name": true, "config": true, "config-dir": true, "version": true}
 	extra := pflag.NewFlagSet("extra", pflag.ContinueOnError)
 	limits := serving.DefaultLimits()
 	limits.AddFlags(extra)
