@@ -205,6 +205,11 @@ if [ "$mode" = full ]; then
   phase "build: node binaries" make --no-print-directory node-binaries
   phase "build: images" make --no-print-directory image e2e-images
   phase "build: previous images" make --no-print-directory upgrade-images UPGRADE_DIR="$UPGRADE_DIR"
+  # The release as a team would cut it, offline: its image archive, SBOMs
+  # (checked against the archive), pinned manifests and chart, notes and
+  # checksums. A developer's uncommitted changes are let through here.
+  phase "build: release v0.1.0" env KUBE_APICACHE_RELEASE_DIRTY=1 RELEASE_DIR="$out/release-v0.1.0" \
+    make --no-print-directory release VERSION=v0.1.0
 else
   phase "build: system packages" make --no-print-directory deps
   phase "build: control plane" make --no-print-directory control-plane
