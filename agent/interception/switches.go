@@ -96,7 +96,7 @@ func (ic *Interceptor) watchInterceptionConfigMap(ctx context.Context) {
 			if !ok {
 				return
 			}
-			c, err := configv1alpha1.Decode([]byte(cm.Data[InterceptionConfigMapKey]))
+			c, err := configv1alpha1.MergeData(cm.Data, InterceptionConfigMapKey)
 			if err != nil {
 				if msg := err.Error(); msg != lastErr {
 					logger.Error(err, "The kill switch's ConfigMap does not hold a valid configuration; interception stays as it is",

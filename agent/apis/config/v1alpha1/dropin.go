@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"sigs.k8s.io/yaml"
@@ -59,15 +61,54 @@ func LoadWithDropIns(path, dir string) (*AgentConfiguration, []string, error) {
 		}
 		merged = mergePatch(merged, doc).(map[string]any)
 	}
-	data, err := json.Marshal(merged)
-	if err != nil {
-		return nil, nil, err
-	}
-	c, err := Decode(data)
+	c, err := decodeMerged(merged)
 	if err != nil {
 		return nil, nil, fmt.Errorf("the drop-ins of %s merged: %w", dir, err)
 	}
 	return c, files, nil
+}
+
+// MergeData is LoadWithDropIns for a ConfigMap's data, as the ConfigMap
+// mounted as a directory reads: the key main is the configuration file,
+// every other key ending in DropInExtension and not starting with a dot a
+// drop-in, merged over it in lexical order. The agent's watch of the kill
+// switch's ConfigMap reads it this way, so that an interception.enabled
+// set in a drop-in counts there as it does at start-up. A missing main
+// key is an error: the data is not this configuration.
+func MergeData(data map[string]string, main string) (*AgentConfiguration, error) {
+	text, ok := data[main]
+	if !ok {
+		return nil, fmt.Errorf("no key %s", main)
+	}
+	merged, err := parseDocument([]byte(text))
+	if err != nil {
+		return nil, fmt.Errorf("key %s: %w", main, err)
+	}
+	keys := slices.Sorted(maps.Keys(data))
+	for _, k := range keys {
+		if k == main || strings.HasPrefix(k, ".") || !strings.HasSuffix(k, DropInExtension) {
+			continue
+		}
+		doc, err := parseDocument([]byte(data[k]))
+		if err != nil {
+			return nil, fmt.Errorf("drop-in key %s: %w", k, err)
+		}
+		merged = mergePatch(merged, doc).(map[string]any)
+	}
+	c, err := decodeMerged(merged)
+	if err != nil {
+		return nil, fmt.Errorf("the keys merged: %w", err)
+	}
+	return c, nil
+}
+
+// decodeMerged decodes a merged document strictly.
+func decodeMerged(merged map[string]any) (*AgentConfiguration, error) {
+	data, err := json.Marshal(merged)
+	if err != nil {
+		return nil, err
+	}
+	return Decode(data)
 }
 
 // dropIns lists dir's drop-in files in lexical order, without skip.
@@ -113,19 +154,30 @@ func readDocument(path string) (map[string]any, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := Decode(data); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	j, err := yaml.YAMLToJSON(data)
+	doc, err := parseDocument(data)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	return doc, nil
+}
+
+// parseDocument checks one configuration document strictly with Decode
+// (apiVersion, kind, known and unique fields) and returns it as the JSON
+// object it stands for.
+func parseDocument(data []byte) (map[string]any, error) {
+	if _, err := Decode(data); err != nil {
+		return nil, err
+	}
+	j, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return nil, err
+	}
 	var doc map[string]any
 	if err := json.Unmarshal(j, &doc); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, err
 	}
 	if doc == nil {
-		return nil, fmt.Errorf("%s: %w", path, errors.New("not a YAML mapping"))
+		return nil, errors.New("not a YAML mapping")
 	}
 	return doc, nil
 }

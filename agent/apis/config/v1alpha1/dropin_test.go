@@ -258,3 +258,40 @@ func mergeOver(t *testing.T, base, over *AgentConfiguration) *AgentConfiguration
 	}
 	return b
 }
+
+// Given a ConfigMap's data as the agent's watch of the kill switch sees
+// it, when it is merged, then it reads as the mounted directory does: the
+// main key first, the other .yaml keys over it in name order, other and
+// dotted keys ignored, and a bad key or a missing main key an error that
+// names it.
+func TestMergeData(t *testing.T) {
+	data := map[string]string{
+		"config.yaml":          header + "interception:\n  enabled: true\ncluster:\n  clusterDomain: one.local\n",
+		"20-kill-switch.yaml":  header + "interception:\n  enabled: false\n",
+		"10-domain.yaml":       header + "cluster:\n  clusterDomain: two.local\n",
+		"README":               "not a configuration",
+		"..2026_11_28_00.yaml": "not: a configuration either",
+	}
+	c, err := MergeData(data, "config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Interception.Enabled == nil || *c.Interception.Enabled || ptr.Deref(c.Cluster.ClusterDomain, "") != "two.local" {
+		t.Errorf("merged interception.enabled %v, clusterDomain %q; want false (20-kill-switch.yaml), two.local (10-domain.yaml)",
+			c.Interception.Enabled, ptr.Deref(c.Cluster.ClusterDomain, ""))
+	}
+
+	for _, tc := range []struct {
+		name string
+		data map[string]string
+		want string
+	}{
+		{"no main key", map[string]string{"20-kill-switch.yaml": data["20-kill-switch.yaml"]}, "no key config.yaml"},
+		{"misspelt field in a drop-in", map[string]string{"config.yaml": header, "30-bad.yaml": header + "interception:\n  enabeld: false\n"}, "30-bad.yaml"},
+		{"drop-in without kind", map[string]string{"config.yaml": header, "30-bad.yaml": "interception:\n  enabled: false\n"}, "30-bad.yaml"},
+	} {
+		if _, err := MergeData(tc.data, "config.yaml"); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: MergeData error = %v, want one naming %q", tc.name, err, tc.want)
+		}
+	}
+}
