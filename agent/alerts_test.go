@@ -9,9 +9,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"unicode"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/kube-apicache/kube-apicache/internal/docscheck"
 )
 
 // metricRef matches a metric of the project in a PromQL expression.
@@ -249,25 +250,10 @@ func headingAnchors(page []byte, level int) map[string]bool {
 		}
 		hashes := len(line) - len(strings.TrimLeft(line, "#"))
 		if level == 0 || hashes == level {
-			anchors[githubAnchor(strings.TrimSpace(line[hashes:]))] = true
+			anchors[docscheck.Anchor(strings.TrimSpace(line[hashes:]))] = true
 		}
 	}
 	return anchors
-}
-
-// githubAnchor is the anchor GitHub gives a heading: lower case, spaces as
-// hyphens, punctuation other than hyphens and underscores dropped.
-func githubAnchor(title string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(title) {
-		switch {
-		case r == ' ':
-			b.WriteRune('-')
-		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
 }
 
 // histogramBase returns the histogram or summary name a series name
