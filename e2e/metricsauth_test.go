@@ -226,8 +226,9 @@ func TestApproverMetricsAccessControl(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, body, err := approverGet(ctx, pod, "/metrics", scraper); err != nil || code != http.StatusOK || !strings.Contains(body, "kube_apicache_approver_leader") {
-		t.Errorf("scrape with the metrics-reader token = %d %.200q (%v), want 200 with the approver's metrics", code, body, err)
+	if code, body, err := approverGet(ctx, pod, "/metrics", scraper); err != nil || code != http.StatusOK ||
+		!strings.Contains(body, "kube_apicache_approver_leader") || !strings.Contains(body, "kube_apicache_build_info{") {
+		t.Errorf("scrape with the metrics-reader token = %d %.200q (%v), want 200 with the approver's metrics and its build information", code, body, err)
 	}
 }
 

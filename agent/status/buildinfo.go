@@ -13,7 +13,7 @@ func BuildInfo() prometheus.Collector {
 	v := version.Get()
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "kube_apicache_build_info",
-		Help: "1, labelled with the version, commit, Go version and platform the agent was built with.",
+		Help: "1, labelled with the version, commit, Go version and platform the binary (agent or approver) was built with.",
 		ConstLabels: prometheus.Labels{
 			"git_version": v.GitVersion,
 			"git_commit":  v.GitCommit,

@@ -28,6 +28,7 @@ import (
 	"github.com/kube-apicache/kube-apicache/agent/approver"
 	"github.com/kube-apicache/kube-apicache/agent/identity"
 	"github.com/kube-apicache/kube-apicache/agent/interception"
+	"github.com/kube-apicache/kube-apicache/agent/status"
 )
 
 type approverOptions struct {
@@ -140,6 +141,9 @@ Service's names or IPs; it leaves all other CSRs alone.`,
 func (o *approverOptions) run(ctx context.Context, cfg *rest.Config, client kubernetes.Interface, policy *approver.Policy) error {
 	logger := klog.FromContext(ctx)
 	metrics := approver.NewMetrics()
+	// The same build information as the agents', told apart by the
+	// scrape's app_kubernetes_io_name label.
+	metrics.Registry.MustRegister(status.BuildInfo())
 	ctrl := approver.NewController(client, policy, approver.ControllerOptions{MaxAge: o.maxCSRAge, Metrics: metrics})
 	var leading atomic.Bool
 	lead := func(ctx context.Context) {
