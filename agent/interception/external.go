@@ -34,7 +34,7 @@ import (
 //     degraded mode covers, the cache has warmed up, the listener
 //     answers). The platform takes a not-ready pod out of the redirect;
 //     how fast, and whether the VIP then reaches kube-apiserver, is the
-//     platform's business (docs/install/platforms.md: Cilium Local Redirect Policy).
+//     platform's business (docs/install/platforms/cilium-local-redirect.md).
 //
 // Nothing the agent does by source address works here: there is no skip
 // set (a client-certificate caller gets the 401 a host-network caller
