@@ -1,0 +1,148 @@
+package rewrite
+
+import "testing"
+
+// patchCases are merge patches and strategic merge patches, without
+// apiVersion and kind: the patched kind comes from the request.
+var patchCases = []struct {
+	name, group, kind, in, want string
+}{
+	{
+		name: "merge patch of labels, with a deletion",
+		kind: "ConfigMap", in: `{"metadata":{"labels":{"example.com/a":"b","example.com/gone":null}}}`,
+		want: `{"metadata":{"labels":{"renamed.example.io/a":"b","renamed.example.io/gone":null}}}`,
+	},
+	{
+		name: "strategic merge patch directives",
+		kind: "Pod",
+		in: `{"metadata":{"$setElementOrder/finalizers":["example.com/a","other.io/b"],"$deleteFromPrimitiveList/finalizers":["example.com/c"],
+			"labels":{"$patch":"replace","example.com/x":"y"},
+			"ownerReferences":[{"$patch":"delete","uid":"1"},{"apiVersion":"example.com/v1","kind":"Widget","uid":"2"}],"$setElementOrder/ownerReferences":[{"uid":"2"}]},
+			"spec":{"$retainKeys":["type"],"type":"x"}}`,
+		want: `{"metadata":{"$setElementOrder/finalizers":["renamed.example.io/a","other.io/b"],"$deleteFromPrimitiveList/finalizers":["renamed.example.io/c"],
+			"labels":{"$patch":"replace","renamed.example.io/x":"y"},
+			"ownerReferences":[{"$patch":"delete","uid":"1"},{"apiVersion":"renamed.example.io/v1","kind":"RenamedWidget","uid":"2"}],"$setElementOrder/ownerReferences":[{"uid":"2"}]},
+			"spec":{"$retainKeys":["type"],"type":"x"}}`,
+	},
+	{
+		// The kind from the request path says this is a ClusterRole.
+		name:  "patch of a cluster role's rules",
+		group: "rbac.authorization.k8s.io", kind: "ClusterRole",
+		in:   `{"rules":[{"apiGroups":["example.com"],"resources":["widgets"],"verbs":["get"]}]}`,
+		want: `{"rules":[{"apiGroups":["renamed.example.io"],"resources":["renamedwidgets"],"verbs":["get"]}]}`,
+	},
+	{
+		name:  "patch of a CRD's names",
+		group: "apiextensions.k8s.io", kind: "CustomResourceDefinition",
+		in:   `{"metadata":{"name":"widgets.example.com"},"spec":{"names":{"shortNames":["wd","w"]}}}`,
+		want: `{"metadata":{"name":"renamedwidgets.renamed.example.io"},"spec":{"names":{"shortNames":["renamedwd","renamedw"]}}}`,
+	},
+	{
+		name:  "patch of a custom resource's status",
+		group: "example.com", kind: "Widget",
+		in:   `{"status":{"phase":"Ready"},"metadata":{"annotations":{"example.com/seen":"1"}}}`,
+		want: `{"status":{"phase":"Ready"},"metadata":{"annotations":{"renamed.example.io/seen":"1"}}}`,
+	},
+}
+
+// TestPatch: merge and strategic merge patches, both ways.
+func TestPatch(t *testing.T) {
+	r := testRewriter(t)
+	for _, c := range patchCases {
+		t.Run(c.name, func(t *testing.T) {
+			checkSwap(t, c.in, c.want, func(b []byte) ([]byte, error) { return r.PatchJSON(b, c.group, c.kind) })
+		})
+	}
+}
+
+// TestApplyPatchYAML: a server-side apply patch in YAML, with
+// managedFields-free metadata, becomes renamed JSON.
+func TestApplyPatchYAML(t *testing.T) {
+	r := testRewriter(t)
+	in := `apiVersion: example.com/v1
+kind: Widget
+metadata:
+  name: w
+  labels:
+    example.com/role: a
+  finalizers: [example.com/cleanup]
+spec:
+  size: 3
+`
+	got, err := r.ApplyPatchYAML([]byte(in), "example.com", "Widget")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"apiVersion":"renamed.example.io/v1","kind":"RenamedWidget","metadata":{"finalizers":["renamed.example.io/cleanup"],"labels":{"renamed.example.io/role":"a"},"name":"w"},"spec":{"size":3}}`
+	if string(got) != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if _, err := r.ApplyPatchYAML([]byte("a: [b"), "", ""); err == nil {
+		t.Error("a broken YAML patch gave no error")
+	}
+}
+
+// jsonPatchCases are RFC 6902 patches.
+var jsonPatchCases = []struct {
+	name, in, want string
+}{
+	{
+		name: "label and annotation keys in paths, escaped",
+		in:   `[{"op":"add","path":"/metadata/labels/example.com~1a","value":"b"},{"op":"remove","path":"/metadata/annotations/example.com~1n"},{"op":"move","from":"/metadata/labels/example.com~1old","path":"/metadata/labels/example.com~1new"},{"op":"test","path":"/spec/selector/matchLabels/app","value":"x"}]`,
+		want: `[{"op":"add","path":"/metadata/labels/renamed.example.io~1a","value":"b"},{"op":"remove","path":"/metadata/annotations/renamed.example.io~1n"},{"op":"move","from":"/metadata/labels/renamed.example.io~1old","path":"/metadata/labels/renamed.example.io~1new"},{"op":"test","path":"/spec/selector/matchLabels/unprefixed.renamed.example.net~1app","value":"x"}]`,
+	},
+	{
+		name: "values: labels, finalizers, owner references, apiVersion",
+		in: `[{"op":"replace","path":"/metadata/labels","value":{"example.com/a":"b"}},
+			{"op":"add","path":"/metadata/finalizers/-","value":"example.com/f"},
+			{"op":"replace","path":"/metadata/finalizers","value":["example.com/f","x.io/g"]},
+			{"op":"add","path":"/metadata/ownerReferences/0","value":{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachine","uid":"1"}},
+			{"op":"replace","path":"/metadata/ownerReferences/0/apiVersion","value":"kubevirt.io/v1"},
+			{"op":"replace","path":"/apiVersion","value":"example.com/v2"},
+			{"op":"replace","path":"/kind","value":"Widget"}]`,
+		want: `[{"op":"replace","path":"/metadata/labels","value":{"renamed.example.io/a":"b"}},
+			{"op":"add","path":"/metadata/finalizers/-","value":"renamed.example.io/f"},
+			{"op":"replace","path":"/metadata/finalizers","value":["renamed.example.io/f","x.io/g"]},
+			{"op":"add","path":"/metadata/ownerReferences/0","value":{"apiVersion":"x.virtualization.example.io/v1","kind":"RenamedVirtualMachine","uid":"1"}},
+			{"op":"replace","path":"/metadata/ownerReferences/0/apiVersion","value":"x.virtualization.example.io/v1"},
+			{"op":"replace","path":"/apiVersion","value":"renamed.example.io/v2"},
+			{"op":"replace","path":"/kind","value":"Widget"}]`,
+	},
+	{
+		name: "whole object, metadata, template and selector",
+		in: `[{"op":"replace","path":"","value":{"apiVersion":"example.com/v1","kind":"Widget"}},
+			{"op":"add","path":"/metadata","value":{"annotations":{"example.com/a":""}}},
+			{"op":"add","path":"/spec/template","value":{"metadata":{"labels":{"example.com/a":""}}}},
+			{"op":"add","path":"/spec/selector","value":{"matchLabels":{"example.com/a":""}}}]`,
+		want: `[{"op":"replace","path":"","value":{"apiVersion":"renamed.example.io/v1","kind":"RenamedWidget"}},
+			{"op":"add","path":"/metadata","value":{"annotations":{"renamed.example.io/a":""}}},
+			{"op":"add","path":"/spec/template","value":{"metadata":{"labels":{"renamed.example.io/a":""}}}},
+			{"op":"add","path":"/spec/selector","value":{"matchLabels":{"renamed.example.io/a":""}}}]`,
+	},
+	{
+		// A key that is itself "metadata" or "labels" is no structure.
+		name: "keys named like fields",
+		in:   `[{"op":"add","path":"/metadata/labels/metadata","value":"x"},{"op":"add","path":"/metadata/labels/matchLabels","value":"y"}]`,
+		want: `[{"op":"add","path":"/metadata/labels/unprefixed.renamed.example.net~1metadata","value":"x"},{"op":"add","path":"/metadata/labels/unprefixed.renamed.example.net~1matchLabels","value":"y"}]`,
+	},
+	{
+		// Not canonical pointers (~2 is no escape) and not pointers are
+		// left alone.
+		name: "odd pointers",
+		in:   `[{"op":"add","path":"/metadata/labels/example.com~1a~2","value":"b"},{"op":"add","path":"metadata/labels/example.com~1a","value":"b"},"junk",{"op":"add"}]`,
+		want: `[{"op":"add","path":"/metadata/labels/example.com~1a~2","value":"b"},{"op":"add","path":"metadata/labels/example.com~1a","value":"b"},"junk",{"op":"add"}]`,
+	},
+}
+
+// TestJSONPatch: RFC 6902 patches, both ways.
+func TestJSONPatch(t *testing.T) {
+	r := testRewriter(t)
+	for _, c := range jsonPatchCases {
+		t.Run(c.name, func(t *testing.T) {
+			checkSwap(t, c.in, c.want, r.JSONPatchJSON)
+		})
+	}
+	if _, err := r.JSONPatchJSON([]byte(`{}`)); err == nil {
+		t.Error("an object was taken for a JSON patch")
+	}
+}

@@ -1,0 +1,100 @@
+package rewrite
+
+import "strings"
+
+// status rewrites a Status (an error answer or a watch ERROR event):
+// details.group and details.kind (which holds a resource for "not found"
+// and a kind for "invalid", as kube-apiserver fills it), and the messages,
+// which name the qualified resource or kind.
+func (r *Rewriter) status(s map[string]any) {
+	swapString(s, "message", r.Text)
+	d, ok := s["details"].(map[string]any)
+	if !ok {
+		return
+	}
+	if g, ok := d["group"].(string); ok && r.Renamed(g) {
+		d["group"] = r.groups[g]
+		if k, ok := d["kind"].(string); ok && k != "" {
+			if isUpper(k[0]) {
+				d["kind"] = r.kinds.swap(k)
+			} else {
+				d["kind"] = r.resources.swap(k)
+			}
+		}
+	}
+	for _, c := range maps(d["causes"]) {
+		swapString(c, "message", r.Text)
+	}
+}
+
+// Text rewrites the names in a message or a Warning header's text:
+// "<resource>.<group>" (widgets.example.com "x" not found),
+// "<Kind>.<group>" (Widget.example.com "x" is invalid), a bare group, and
+// "<group>/<version> <Kind>" (example.com/v1 Widget is deprecated). Words
+// are runs of letters, digits, '.', '-' and '/'; a sentence's final dot is
+// not part of one. Text of other groups is returned as it is.
+//
+// Text is free-form, so this is a best effort: a word that is both a
+// renamed group and "<resource>.<other renamed group>" is read as the
+// group.
+func (r *Rewriter) Text(s string) string {
+	if len(r.groups) == 0 {
+		return s
+	}
+	var b strings.Builder
+	kindNext := false // the previous word was a renamed group/version
+	i := 0
+	for i < len(s) {
+		if !isWordChar(s[i]) {
+			if s[i] != ' ' {
+				kindNext = false
+			}
+			b.WriteByte(s[i])
+			i++
+			continue
+		}
+		j := i
+		for j < len(s) && isWordChar(s[j]) {
+			j++
+		}
+		word := s[i:j]
+		trail := ""
+		for strings.HasSuffix(word, ".") {
+			word = word[:len(word)-1]
+			trail += "."
+		}
+		out, gv := r.word(word, kindNext)
+		b.WriteString(out)
+		b.WriteString(trail)
+		kindNext = gv && trail == ""
+		i = j
+	}
+	return b.String()
+}
+
+// word rewrites one word of a text; gv says whether it was a renamed
+// group/version, after which a kind may follow.
+func (r *Rewriter) word(w string, kindNext bool) (string, bool) {
+	if kindNext && w != "" && isUpper(w[0]) && !strings.ContainsAny(w, "./") {
+		return r.kinds.swap(w), false
+	}
+	if r.Renamed(w) {
+		return r.groups[w], false
+	}
+	if g, rest, ok := strings.Cut(w, "/"); ok && r.Renamed(g) {
+		return r.groups[g] + "/" + rest, !strings.Contains(rest, "/")
+	}
+	for _, g := range r.groupNames {
+		if name, ok := strings.CutSuffix(w, "."+g); ok && name != "" && !strings.ContainsAny(name, "./") {
+			if isUpper(name[0]) {
+				return r.kinds.swap(name) + "." + r.groups[g], false
+			}
+			return r.resources.swap(name) + "." + r.groups[g], false
+		}
+	}
+	return w, false
+}
+
+func isWordChar(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '/'
+}
