@@ -17,32 +17,33 @@ import (
 // names. query is not modified; when nothing in it changes, it is
 // returned as it is.
 func (r *Rewriter) RequestPath(path string, query url.Values) (string, url.Values, bool) {
-	parts := strings.Split(strings.Trim(path, "/"), "/")
+	rest, ok := strings.CutPrefix(path, "/apis/")
+	if !ok {
+		return path, r.query(query, false), false
+	}
+	// parts are the segments after /apis/, indexed as kube-apiserver's
+	// RequestInfo indexes them after the prefix.
+	parts := append([]string{"apis"}, strings.Split(rest, "/")...)
 	renamed, crds := false, false
-	if len(parts) >= 2 && parts[0] == "apis" {
-		g := parts[1]
-		switch {
-		case r.Renamed(g):
-			renamed = true
-			parts[1] = r.groups[g]
-			if i := resourceIndex(parts); i > 0 {
-				parts[i] = r.pathResource(parts[i])
-			}
-		case g == "apiextensions.k8s.io":
-			if i := resourceIndex(parts); i > 0 && parts[i] == "customresourcedefinitions" {
-				crds = true
-				if i+1 < len(parts) {
-					parts[i+1] = r.CRDName(parts[i+1])
-				}
+	g := parts[1]
+	switch {
+	case r.Renamed(g):
+		renamed = true
+		parts[1] = r.groups[g]
+		if i := resourceIndex(parts); i > 0 {
+			parts[i] = r.pathResource(parts[i])
+		}
+	case g == "apiextensions.k8s.io":
+		if i := resourceIndex(parts); i > 0 && parts[i] == "customresourcedefinitions" {
+			crds = true
+			if i+1 < len(parts) {
+				parts[i+1] = r.CRDName(parts[i+1])
 			}
 		}
 	}
 	newPath := path
 	if renamed || crds {
 		newPath = "/" + strings.Join(parts, "/")
-		if strings.HasSuffix(path, "/") && len(path) > 1 {
-			newPath += "/"
-		}
 	}
 	return newPath, r.query(query, crds), renamed
 }

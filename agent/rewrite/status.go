@@ -1,6 +1,9 @@
 package rewrite
 
-import "strings"
+import (
+	"regexp"
+	"strings"
+)
 
 // status rewrites a Status (an error answer or a watch ERROR event):
 // details.group and details.kind (which holds a resource for "not found"
@@ -30,8 +33,10 @@ func (r *Rewriter) status(s map[string]any) {
 // Text rewrites the names in a message or a Warning header's text:
 // "<resource>.<group>" (widgets.example.com "x" not found),
 // "<Kind>.<group>" (Widget.example.com "x" is invalid), a bare group, and
-// "<group>/<version> <Kind>" (example.com/v1 Widget is deprecated). Words
-// are runs of letters, digits, '.', '-' and '/'; a sentence's final dot is
+// "<group>/<version> <Kind>" (example.com/v1 Widget is deprecated), and
+// the resource of a Forbidden message (cannot get resource "widgets" in
+// API group "example.com"). Words
+// are runs of letters, digits, '.', '-', '/' and '*'; a sentence's final dot is
 // not part of one. Text of other groups is returned as it is.
 //
 // Text is free-form, so this is a best effort: a word that is both a
@@ -41,6 +46,28 @@ func (r *Rewriter) Text(s string) string {
 	if len(r.groups) == 0 {
 		return s
 	}
+	// The resource of a Forbidden phrase is swapped apart, and the words
+	// around it as words: a resource read as a word could be taken for a
+	// group on the way back.
+	var b strings.Builder
+	last := 0
+	if strings.Contains(s, "in API group") {
+		for _, m := range forbiddenRE.FindAllStringSubmatchIndex(s, -1) {
+			res, group := s[m[2]:m[3]], s[m[4]:m[5]]
+			b.WriteString(r.words(s[last:m[2]]))
+			if r.Renamed(group) {
+				res = r.resourceName(res)
+			}
+			b.WriteString(res)
+			last = m[3]
+		}
+	}
+	b.WriteString(r.words(s[last:]))
+	return b.String()
+}
+
+// words rewrites the words of a text.
+func (r *Rewriter) words(s string) string {
 	var b strings.Builder
 	kindNext := false // the previous word was a renamed group/version
 	i := 0
@@ -96,5 +123,10 @@ func (r *Rewriter) word(w string, kindNext bool) (string, bool) {
 }
 
 func isWordChar(c byte) bool {
-	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '/'
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '-' || c == '/' || c == '*'
 }
+
+// forbiddenRE matches the resource and group of kube-apiserver's
+// Forbidden message: cannot list resource "widgets" in API group
+// "example.com".
+var forbiddenRE = regexp.MustCompile(`resource "([^"]*)" in API group "([^"]*)"`)
