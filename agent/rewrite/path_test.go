@@ -98,6 +98,7 @@ func TestText(t *testing.T) {
 		`widgets.example.com "w" is forbidden: User "u" cannot get resource "widgets/status" in API group "example.com" in the namespace "n"`: `renamedwidgets.renamed.example.io "w" is forbidden: User "u" cannot get resource "renamedwidgets/status" in API group "renamed.example.io" in the namespace "n"`,
 		`cannot list resource "pods" in API group "" at the cluster scope`:                                                                    `cannot list resource "pods" in API group "" at the cluster scope`,
 		`resource "example.com" in API group "example.com"`:                                                                                   `resource "renamedexample.com" in API group "renamed.example.io"`,
+		`299 - "example.com/v1 Widget is deprecated in v1.40+, unavailable in v1.42+; use example.com/v2 Widget"`:                             `299 - "renamed.example.io/v1 RenamedWidget is deprecated in v1.40+, unavailable in v1.42+; use renamed.example.io/v2 RenamedWidget"`,
 		"*.example.com":                      "*.renamed.example.io",
 		"":                                   "",
 		"no names here: Widget example":      "no names here: Widget example",

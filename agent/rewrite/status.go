@@ -39,6 +39,8 @@ func (r *Rewriter) status(s map[string]any) {
 // are runs of letters, digits, '.', '-', '/' and '*'; a sentence's final dot is
 // not part of one. Text of other groups is returned as it is.
 //
+// A Warning header's whole value (299 - "text") may be passed as it is.
+//
 // Text is free-form, so this is a best effort: a word that is both a
 // renamed group and "<resource>.<other renamed group>" is read as the
 // group.

@@ -19,8 +19,8 @@ import (
 type RewriteConfiguration struct {
 	metav1.TypeMeta `json:",inline"`
 
-	// Profiles are the rewrite profiles. A caller is rewritten by the
-	// first profile whose selector chooses it; the others ignore it.
+	// Profiles are the rewrite profiles. A caller is selected by at most
+	// one of them (Validate refuses overlapping selectors).
 	Profiles []RewriteProfile `json:"profiles"`
 }
 

@@ -75,6 +75,7 @@ func Validate(c *RewriteConfiguration, served ServedGroups) field.ErrorList {
 			}
 		}
 	}
+	errs = append(errs, validateSelectorOverlaps(c.Profiles, root)...)
 	for i, p := range c.Profiles {
 		pp := root.Index(i)
 		errs = append(errs, validateProfile(&p, pp, served)...)
@@ -179,6 +180,45 @@ func validateSelector(s CallerSelector, path *field.Path) field.ErrorList {
 			errs = append(errs, field.Duplicate(p, ns))
 		}
 		seen[ns] = true
+	}
+	return errs
+}
+
+// validateSelectorOverlaps refuses a caller that two profiles select: a
+// ServiceAccount or a namespace named twice, or a ServiceAccount of a
+// namespace another profile selects whole. Which profile rewrites a caller
+// must not depend on the order of the file.
+func validateSelectorOverlaps(profiles []RewriteProfile, root *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	namespaces := map[string]int{} // namespace → profile
+	accounts := map[string]int{}   // namespace/name → profile
+	for i, p := range profiles {
+		for _, ns := range p.Selector.Namespaces {
+			if _, ok := namespaces[ns]; !ok {
+				namespaces[ns] = i
+			}
+		}
+		for _, sa := range p.Selector.ServiceAccounts {
+			if _, ok := accounts[sa]; !ok {
+				accounts[sa] = i
+			}
+		}
+	}
+	for i, p := range profiles {
+		sp := root.Index(i).Child("selector")
+		for j, ns := range p.Selector.Namespaces {
+			if other := namespaces[ns]; other != i {
+				errs = append(errs, field.Invalid(sp.Child("namespaces").Index(j), ns, fmt.Sprintf("also selected by %s: a caller belongs to one profile", root.Index(other))))
+			}
+		}
+		for j, sa := range p.Selector.ServiceAccounts {
+			ns, _, _ := strings.Cut(sa, "/")
+			if other, ok := namespaces[ns]; ok && other != i {
+				errs = append(errs, field.Invalid(sp.Child("serviceAccounts").Index(j), sa, fmt.Sprintf("its namespace is selected by %s: a caller belongs to one profile", root.Index(other))))
+			} else if other := accounts[sa]; other != i {
+				errs = append(errs, field.Invalid(sp.Child("serviceAccounts").Index(j), sa, fmt.Sprintf("also selected by %s: a caller belongs to one profile", root.Index(other))))
+			}
+		}
 	}
 	return errs
 }

@@ -76,17 +76,32 @@ func TestValidate(t *testing.T) {
 		{name: "two profiles, one target", edit: func(c *RewriteConfiguration) {
 			p := validProfile()
 			p.Name = "second"
+			p.Selector = CallerSelector{Namespaces: []string{"second"}}
 			p.Groups = []GroupRename{{From: "example.com", To: "renamed.example.io"}}
 			c.Profiles = append(c.Profiles, p)
 		}, want: []string{"FieldValueInvalid profiles[1].groups[0].to"}},
 		{name: "two profiles, one original, two targets", edit: func(c *RewriteConfiguration) {
 			p := validProfile()
 			p.Name = "second"
+			p.Selector = CallerSelector{Namespaces: []string{"second"}}
 			p.Groups = []GroupRename{{From: "example.com", To: "second.example.io"}}
 			c.Profiles = append(c.Profiles, p)
 		}},
+		{name: "a caller selected by two profiles", edit: func(c *RewriteConfiguration) {
+			p := validProfile()
+			p.Name = "second"
+			p.Selector = CallerSelector{ServiceAccounts: []string{"widgets-system/operator", "renamed/x", "other/y"}, Namespaces: []string{"renamed"}}
+			p.Groups = []GroupRename{{From: "example.com", To: "second.example.io"}}
+			c.Profiles = append(c.Profiles, p)
+		}, want: []string{
+			// One error per mistake, on the later profile.
+			"FieldValueInvalid profiles[1].selector.namespaces[0]",
+			"FieldValueInvalid profiles[1].selector.serviceAccounts[0]",
+			"FieldValueInvalid profiles[1].selector.serviceAccounts[1]",
+		}},
 		{name: "two profiles of one name", edit: func(c *RewriteConfiguration) {
 			p := validProfile()
+			p.Selector = CallerSelector{Namespaces: []string{"second"}}
 			p.Groups = []GroupRename{{From: "other.io", To: "second.example.io"}}
 			c.Profiles = append(c.Profiles, p)
 		}, want: []string{"FieldValueDuplicate profiles[1].name"}},
