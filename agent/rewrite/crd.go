@@ -7,9 +7,13 @@ import "strings"
 // (kind, listKind, plural, singular, shortNames, categories).
 // spec.versions, the schemas and spec.conversion (its webhook's address
 // included) are left alone. A patch that lacks spec.group takes the group
-// from metadata.name.
-func (r *Rewriter) crd(obj map[string]any) {
+// from metadata.name, and one without either from the name in the
+// request path (name).
+func (r *Rewriter) crd(obj map[string]any, name string) {
 	group := ""
+	if _, g, ok := strings.Cut(name, "."); ok {
+		group = g
+	}
 	meta, _ := obj["metadata"].(map[string]any)
 	if meta != nil {
 		if name, ok := meta["name"].(string); ok {

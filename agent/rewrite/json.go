@@ -72,24 +72,24 @@ func (r *Rewriter) WatchEventJSON(data []byte) ([]byte, error) {
 
 // PatchJSON is Patch over a merge patch's or strategic merge patch's JSON
 // bytes.
-func (r *Rewriter) PatchJSON(data []byte, group, kind string) ([]byte, error) {
+func (r *Rewriter) PatchJSON(data []byte, target Target) ([]byte, error) {
 	m, err := decodeObject(data)
 	if err != nil {
 		return nil, err
 	}
-	return Encode(r.Patch(m, group, kind))
+	return Encode(r.Patch(m, target))
 }
 
 // ApplyPatchYAML rewrites a server-side apply patch
 // (application/apply-patch+yaml): YAML or JSON in, JSON out (JSON is YAML,
-// so the content type may stay). group and kind are the applied object's,
-// for a patch that lacks apiVersion or kind.
-func (r *Rewriter) ApplyPatchYAML(data []byte, group, kind string) ([]byte, error) {
+// so the content type may stay). target is the applied object, for a
+// patch that lacks apiVersion, kind or name.
+func (r *Rewriter) ApplyPatchYAML(data []byte, target Target) ([]byte, error) {
 	j, err := yaml.YAMLToJSON(data)
 	if err != nil {
 		return nil, fmt.Errorf("apply patch: %w", err)
 	}
-	return r.PatchJSON(j, group, kind)
+	return r.PatchJSON(j, target)
 }
 
 // JSONPatchJSON is JSONPatch over an RFC 6902 patch's JSON bytes.

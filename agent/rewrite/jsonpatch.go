@@ -95,7 +95,7 @@ func (r *Rewriter) patchValue(tokens []string, v any) any {
 	switch {
 	case n == 0:
 		if m, ok := v.(map[string]any); ok {
-			r.object(m, "", "")
+			r.object(m, Target{})
 		}
 	case last(1) == "metadata":
 		if m, ok := v.(map[string]any); ok {

@@ -24,17 +24,26 @@ import "strings"
 //
 // Objects of other groups keep their apiVersion and kind.
 func (r *Rewriter) Object(obj map[string]any) map[string]any {
-	r.object(obj, "", "")
+	r.object(obj, Target{})
 	return obj
+}
+
+// Target is the object a patch patches, as the request path names it on
+// the patch's side: what a patch that does not say it itself is about.
+type Target struct {
+	// Group and Kind are the patched object's.
+	Group, Kind string
+	// Name is the patched object's name: a CustomResourceDefinition's
+	// name tells its group.
+	Name string
 }
 
 // Patch renames or restores a JSON merge patch or a strategic merge patch
 // (a partial object, with $patch, $setElementOrder, $deleteFromPrimitiveList
-// and $retainKeys directives) in place. group and kind are the patched
-// object's, as the patch's side names them (from the request path), for
-// patches that do not carry apiVersion and kind themselves.
-func (r *Rewriter) Patch(patch map[string]any, group, kind string) map[string]any {
-	r.object(patch, group, kind)
+// and $retainKeys directives) in place. target is used where the patch
+// carries no apiVersion, kind or name itself.
+func (r *Rewriter) Patch(patch map[string]any, target Target) map[string]any {
+	r.object(patch, target)
 	return patch
 }
 
@@ -43,15 +52,15 @@ func (r *Rewriter) Patch(patch map[string]any, group, kind string) map[string]an
 // ERROR a Status.
 func (r *Rewriter) WatchEvent(ev map[string]any) map[string]any {
 	if obj, ok := ev["object"].(map[string]any); ok {
-		r.object(obj, "", "")
+		r.object(obj, Target{})
 	}
 	return ev
 }
 
-// object rewrites obj, whose group and kind are implied by hintGroup and
-// hintKind where it does not name them itself (list items, patches).
-func (r *Rewriter) object(obj map[string]any, hintGroup, hintKind string) {
-	group, kind := hintGroup, hintKind
+// object rewrites obj, whose group, kind and name are implied by hint
+// where it does not name them itself (list items, patches).
+func (r *Rewriter) object(obj map[string]any, hint Target) {
+	group, kind := hint.Group, hint.Kind
 	apiVersion, hasAPIVersion := obj["apiVersion"].(string)
 	if hasAPIVersion {
 		group = groupOf(apiVersion)
@@ -67,11 +76,11 @@ func (r *Rewriter) object(obj map[string]any, hintGroup, hintKind string) {
 		itemKind := strings.TrimSuffix(kind, "List")
 		for _, it := range items {
 			if m, ok := it.(map[string]any); ok {
-				r.object(m, group, itemKind)
+				r.object(m, Target{Group: group, Kind: itemKind})
 			}
 		}
 	}
-	r.byKind(obj, group, kind)
+	r.byKind(obj, group, kind, hint.Name)
 	if hasAPIVersion && r.Renamed(group) {
 		obj["apiVersion"] = r.APIVersion(apiVersion)
 		if k, ok := obj["kind"].(string); ok {
@@ -81,7 +90,7 @@ func (r *Rewriter) object(obj map[string]any, hintGroup, hintKind string) {
 }
 
 // byKind rewrites the fields particular to a kind.
-func (r *Rewriter) byKind(obj map[string]any, group, kind string) {
+func (r *Rewriter) byKind(obj map[string]any, group, kind, name string) {
 	switch group {
 	case "":
 		switch kind {
@@ -106,7 +115,7 @@ func (r *Rewriter) byKind(obj map[string]any, group, kind string) {
 		case "Table":
 			for _, row := range maps(obj["rows"]) {
 				if o, ok := row["object"].(map[string]any); ok {
-					r.object(o, "", "")
+					r.object(o, Target{})
 				}
 			}
 		case "Status":
@@ -135,7 +144,7 @@ func (r *Rewriter) byKind(obj map[string]any, group, kind string) {
 	case "apiextensions.k8s.io":
 		switch kind {
 		case "CustomResourceDefinition":
-			r.crd(obj)
+			r.crd(obj, name)
 		case "ConversionReview":
 			r.conversionReview(obj)
 		}

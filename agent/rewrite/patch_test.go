@@ -5,16 +5,19 @@ import "testing"
 // patchCases are merge patches and strategic merge patches, without
 // apiVersion and kind: the patched kind comes from the request.
 var patchCases = []struct {
-	name, group, kind, in, want string
+	name   string
+	target Target
+	in     string
+	want   string
 }{
 	{
-		name: "merge patch of labels, with a deletion",
-		kind: "ConfigMap", in: `{"metadata":{"labels":{"example.com/a":"b","example.com/gone":null}}}`,
+		name:   "merge patch of labels, with a deletion",
+		target: Target{Kind: "ConfigMap"}, in: `{"metadata":{"labels":{"example.com/a":"b","example.com/gone":null}}}`,
 		want: `{"metadata":{"labels":{"renamed.example.io/a":"b","renamed.example.io/gone":null}}}`,
 	},
 	{
-		name: "strategic merge patch directives",
-		kind: "Pod",
+		name:   "strategic merge patch directives",
+		target: Target{Kind: "Pod"},
 		in: `{"metadata":{"$setElementOrder/finalizers":["example.com/a","other.io/b"],"$deleteFromPrimitiveList/finalizers":["example.com/c"],
 			"labels":{"$patch":"replace","example.com/x":"y"},
 			"ownerReferences":[{"$patch":"delete","uid":"1"},{"apiVersion":"example.com/v1","kind":"Widget","uid":"2"}],"$setElementOrder/ownerReferences":[{"uid":"2"}]},
@@ -26,22 +29,30 @@ var patchCases = []struct {
 	},
 	{
 		// The kind from the request path says this is a ClusterRole.
-		name:  "patch of a cluster role's rules",
-		group: "rbac.authorization.k8s.io", kind: "ClusterRole",
-		in:   `{"rules":[{"apiGroups":["example.com"],"resources":["widgets"],"verbs":["get"]}]}`,
-		want: `{"rules":[{"apiGroups":["renamed.example.io"],"resources":["renamedwidgets"],"verbs":["get"]}]}`,
+		name:   "patch of a cluster role's rules",
+		target: Target{Group: "rbac.authorization.k8s.io", Kind: "ClusterRole"},
+		in:     `{"rules":[{"apiGroups":["example.com"],"resources":["widgets"],"verbs":["get"]}]}`,
+		want:   `{"rules":[{"apiGroups":["renamed.example.io"],"resources":["renamedwidgets"],"verbs":["get"]}]}`,
 	},
 	{
-		name:  "patch of a CRD's names",
-		group: "apiextensions.k8s.io", kind: "CustomResourceDefinition",
-		in:   `{"metadata":{"name":"widgets.example.com"},"spec":{"names":{"shortNames":["wd","w"]}}}`,
-		want: `{"metadata":{"name":"renamedwidgets.renamed.example.io"},"spec":{"names":{"shortNames":["renamedwd","renamedw"]}}}`,
+		name:   "patch of a CRD's names",
+		target: Target{Group: "apiextensions.k8s.io", Kind: "CustomResourceDefinition"},
+		in:     `{"metadata":{"name":"widgets.example.com"},"spec":{"names":{"shortNames":["wd","w"]}}}`,
+		want:   `{"metadata":{"name":"renamedwidgets.renamed.example.io"},"spec":{"names":{"shortNames":["renamedwd","renamedw"]}}}`,
 	},
 	{
-		name:  "patch of a custom resource's status",
-		group: "example.com", kind: "Widget",
-		in:   `{"status":{"phase":"Ready"},"metadata":{"annotations":{"example.com/seen":"1"}}}`,
-		want: `{"status":{"phase":"Ready"},"metadata":{"annotations":{"renamed.example.io/seen":"1"}}}`,
+		// The CRD's group is only in the request path's name (either
+		// side's name leads to the same decision).
+		name:   "patch of a CRD's names, the CRD named by the path",
+		target: Target{Group: "apiextensions.k8s.io", Kind: "CustomResourceDefinition", Name: "widgets.example.com"},
+		in:     `{"spec":{"names":{"categories":["all","example"]}}}`,
+		want:   `{"spec":{"names":{"categories":["all","renamedexample"]}}}`,
+	},
+	{
+		name:   "patch of a custom resource's status",
+		target: Target{Group: "example.com", Kind: "Widget"},
+		in:     `{"status":{"phase":"Ready"},"metadata":{"annotations":{"example.com/seen":"1"}}}`,
+		want:   `{"status":{"phase":"Ready"},"metadata":{"annotations":{"renamed.example.io/seen":"1"}}}`,
 	},
 }
 
@@ -50,7 +61,7 @@ func TestPatch(t *testing.T) {
 	r := testRewriter(t)
 	for _, c := range patchCases {
 		t.Run(c.name, func(t *testing.T) {
-			checkSwap(t, c.in, c.want, func(b []byte) ([]byte, error) { return r.PatchJSON(b, c.group, c.kind) })
+			checkSwap(t, c.in, c.want, func(b []byte) ([]byte, error) { return r.PatchJSON(b, c.target) })
 		})
 	}
 }
@@ -69,7 +80,7 @@ metadata:
 spec:
   size: 3
 `
-	got, err := r.ApplyPatchYAML([]byte(in), "example.com", "Widget")
+	got, err := r.ApplyPatchYAML([]byte(in), Target{Group: "example.com", Kind: "Widget", Name: "w"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +88,7 @@ spec:
 	if string(got) != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
-	if _, err := r.ApplyPatchYAML([]byte("a: [b"), "", ""); err == nil {
+	if _, err := r.ApplyPatchYAML([]byte("a: [b"), Target{}); err == nil {
 		t.Error("a broken YAML patch gave no error")
 	}
 }

@@ -17,7 +17,7 @@ func (r *Rewriter) admissionReview(obj map[string]any) {
 		r.groupVersionResource(req["requestResource"])
 		for _, f := range []string{"object", "oldObject"} {
 			if o, ok := req[f].(map[string]any); ok {
-				r.object(o, "", "")
+				r.object(o, Target{})
 			}
 		}
 	}
@@ -51,12 +51,12 @@ func (r *Rewriter) conversionReview(obj map[string]any) {
 	if req, ok := obj["request"].(map[string]any); ok {
 		swapString(req, "desiredAPIVersion", r.APIVersion)
 		for _, o := range maps(req["objects"]) {
-			r.object(o, "", "")
+			r.object(o, Target{})
 		}
 	}
 	if resp, ok := obj["response"].(map[string]any); ok {
 		for _, o := range maps(resp["convertedObjects"]) {
-			r.object(o, "", "")
+			r.object(o, Target{})
 		}
 		if st, ok := resp["result"].(map[string]any); ok {
 			r.status(st)
