@@ -27,7 +27,7 @@ const (
 // roundTrip rewrites data (canonical JSON of the given shape) twice and
 // reports the first rewrite, or an error when the second does not give
 // data back.
-func roundTrip(r *Rewriter, shape int, data []byte) ([]byte, error) {
+func roundTrip(r *Rewriter, shape int, target Target, data []byte) ([]byte, error) {
 	var fn func([]byte) ([]byte, error)
 	switch shape {
 	case shapeObject:
@@ -35,9 +35,9 @@ func roundTrip(r *Rewriter, shape int, data []byte) ([]byte, error) {
 	case shapeWatchEvent:
 		fn = r.WatchEventJSON
 	case shapePatch:
-		fn = func(b []byte) ([]byte, error) { return r.PatchJSON(b, Target{Group: "example.com", Kind: "Widget"}) }
+		fn = func(b []byte) ([]byte, error) { return r.PatchJSON(b, target) }
 	case shapeJSONPatch:
-		fn = r.JSONPatchJSON
+		fn = func(b []byte) ([]byte, error) { return r.JSONPatchJSON(b, target) }
 	}
 	renamed, err := fn(data)
 	if err != nil {
@@ -55,7 +55,7 @@ func roundTrip(r *Rewriter, shape int, data []byte) ([]byte, error) {
 
 // checkDecoded checks the round trip on the decoded form: deep equality
 // of maps, which neither key order nor re-encoding can hide behind.
-func checkDecoded(t *testing.T, r *Rewriter, shape int, data []byte) {
+func checkDecoded(t *testing.T, r *Rewriter, shape int, target Target, data []byte) {
 	t.Helper()
 	v, err := Decode(data)
 	if err != nil {
@@ -69,19 +69,28 @@ func checkDecoded(t *testing.T, r *Rewriter, shape int, data []byte) {
 		case shapeWatchEvent:
 			got = r.WatchEvent(r.WatchEvent(x))
 		case shapePatch:
-			target := Target{Group: "example.com", Kind: "Widget"}
 			got = r.Patch(r.Patch(x, target), target)
 		default:
 			got = r.Object(r.Object(x))
 		}
 	case []any:
-		got = r.JSONPatch(r.JSONPatch(x))
+		got = r.JSONPatch(r.JSONPatch(x, target), target)
 	default:
 		return
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("decoded round trip (-in +restored):\n%s", d)
 	}
+}
+
+// fuzzTargets are the patched objects the fuzz tests' patches are for.
+var fuzzTargets = []Target{
+	{},
+	{Group: "example.com", Kind: "Widget"},
+	{Group: "apiextensions.k8s.io", Kind: "CustomResourceDefinition", Name: "widgets.example.com"},
+	{Group: "rbac.authorization.k8s.io", Kind: "ClusterRole"},
+	{Kind: "Service"},
+	{Group: "admissionregistration.k8s.io", Kind: "ValidatingWebhookConfiguration"},
 }
 
 // seeds are the unit tests' fixtures, both sides, with their shapes.
@@ -124,7 +133,7 @@ func seeds() []struct {
 // deep-equal.
 func FuzzRoundTrip(f *testing.F) {
 	for _, s := range seeds() {
-		f.Add(uint8(s.shape), []byte(s.data))
+		f.Add(uint8(s.shape+numShapes), []byte(s.data))
 	}
 	r := testRewriter(f)
 	f.Fuzz(func(t *testing.T, shape uint8, data []byte) {
@@ -137,10 +146,11 @@ func FuzzRoundTrip(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := roundTrip(r, s, canonical); err != nil && !isShapeError(s, v) {
+		target := fuzzTargets[int(shape)/numShapes%len(fuzzTargets)]
+		if _, err := roundTrip(r, s, target, canonical); err != nil && !isShapeError(s, v) {
 			t.Fatal(err)
 		}
-		checkDecoded(t, r, s, data)
+		checkDecoded(t, r, s, target, data)
 	})
 }
 
@@ -168,16 +178,16 @@ func FuzzRoundTripGenerated(f *testing.F) {
 	r := testRewriter(f)
 	f.Fuzz(func(t *testing.T, data []byte, originalOnly bool) {
 		g := &gen{data: data, originalOnly: originalOnly}
-		shape, v := g.input()
+		shape, target, v := g.input()
 		canonical, err := Encode(v)
 		if err != nil {
 			t.Fatal(err)
 		}
-		renamed, err := roundTrip(r, shape, canonical)
+		renamed, err := roundTrip(r, shape, target, canonical)
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkDecoded(t, r, shape, canonical)
+		checkDecoded(t, r, shape, target, canonical)
 		if originalOnly {
 			if leftover := originalLeftover(renamed); leftover != "" {
 				t.Fatalf("renamed %s\nstill names %s", renamed, leftover)

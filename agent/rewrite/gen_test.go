@@ -371,15 +371,73 @@ func (g *gen) jsonPatch() []any {
 	return ops
 }
 
-// input returns a value and the shape of function it is for.
-func (g *gen) input() (int, any) {
-	switch g.n(8) {
-	case 0:
-		return shapeWatchEvent, map[string]any{"type": watchEventTypes[g.n(len(watchEventTypes))], "object": g.object(0)}
-	case 1:
-		return shapePatch, map[string]any{"metadata": g.metadata(), "spec": g.spec()}
-	case 2:
-		return shapeJSONPatch, g.jsonPatch()
+// kindPatch returns JSON patch operations on kind-specific places: the
+// target's own with original names only, any otherwise.
+func (g *gen) kindPatch(target Target) []any {
+	var ops []any
+	for range 1 + g.n(3) {
+		which := g.n(8)
+		if g.originalOnly {
+			switch target.Kind {
+			case "ClusterRole":
+				which = g.n(2)
+			case "CustomResourceDefinition":
+				which = 2 + g.n(2)
+			case "Widget":
+				which = []int{4, 7}[g.n(2)]
+			case "ValidatingWebhookConfiguration":
+				which = 5
+			case "Service":
+				which = 6
+			default:
+				return nil
+			}
+		}
+		op := map[string]any{"op": "add"}
+		switch which {
+		case 0:
+			op["path"] = "/rules/" + []string{"0", "-", "1"}[g.n(3)]
+			op["value"] = g.rules()[0]
+		case 1:
+			op["path"] = "/rules"
+			op["value"] = g.rules()
+		case 2:
+			op["path"] = "/spec/names"
+			op["value"] = map[string]any{"kind": g.kind(), "plural": g.resource(), "shortNames": strs(g.resource, g.n(3))}
+		case 3:
+			op["path"] = "/spec/names/kind"
+			op["value"] = g.kind()
+		case 4:
+			op["path"] = "/kind"
+			op["value"] = g.kind()
+		case 5:
+			op["path"] = "/webhooks/0/rules"
+			op["value"] = g.rules()
+		case 6:
+			op["path"] = "/spec/selector"
+			op["value"] = g.keyMap()
+		default:
+			op["path"] = "/spec/selector"
+			op["value"] = g.selector()
+		}
+		ops = append(ops, op)
 	}
-	return shapeObject, g.object(0)
+	return ops
+}
+
+// input returns a value, the shape of function it is for and, for a
+// patch, its target.
+func (g *gen) input() (int, Target, any) {
+	switch g.n(9) {
+	case 0:
+		return shapeWatchEvent, Target{}, map[string]any{"type": watchEventTypes[g.n(len(watchEventTypes))], "object": g.object(0)}
+	case 1:
+		return shapePatch, Target{Group: "example.com", Kind: "Widget"}, map[string]any{"metadata": g.metadata(), "spec": g.spec()}
+	case 2:
+		return shapeJSONPatch, fuzzTargets[g.n(len(fuzzTargets))], g.jsonPatch()
+	case 3:
+		target := fuzzTargets[g.n(len(fuzzTargets))]
+		return shapeJSONPatch, target, append(g.jsonPatch(), g.kindPatch(target)...)
+	}
+	return shapeObject, Target{}, g.object(0)
 }

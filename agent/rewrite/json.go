@@ -93,7 +93,7 @@ func (r *Rewriter) ApplyPatchYAML(data []byte, target Target) ([]byte, error) {
 }
 
 // JSONPatchJSON is JSONPatch over an RFC 6902 patch's JSON bytes.
-func (r *Rewriter) JSONPatchJSON(data []byte) ([]byte, error) {
+func (r *Rewriter) JSONPatchJSON(data []byte, target Target) ([]byte, error) {
 	v, err := Decode(data)
 	if err != nil {
 		return nil, err
@@ -102,7 +102,7 @@ func (r *Rewriter) JSONPatchJSON(data []byte) ([]byte, error) {
 	if !ok {
 		return nil, fmt.Errorf("a JSON patch is an array, got %T", v)
 	}
-	return Encode(r.JSONPatch(ops))
+	return Encode(r.JSONPatch(ops, target))
 }
 
 // decodeCanonicalString decodes a JSON string literal if it is in the

@@ -1,25 +1,27 @@
 package rewrite
 
 import (
+	"slices"
 	"strings"
 )
 
 // JSONPatch rewrites an RFC 6902 JSON patch (its operations, decoded) in
-// place. A patch does not say what it patches, so it is rewritten where
-// its paths say enough:
+// place. target is the patched object (from the request path); a patch
+// does not say what it patches itself.
 //
 //   - path and from pointers through a label key (.../metadata/labels/<key>,
 //     .../matchLabels/<key>) or an annotation key
-//     (.../metadata/annotations/<key>), ~1 and ~0 escaped;
-//   - values put at the object's root (a whole object), at a metadata
-//     (.../metadata), at its labels, annotations, finalizers (the list or
-//     one element) or ownerReferences (the list, one element, or an
-//     element's apiVersion), at spec.selector or spec.template, and at
-//     /apiVersion.
-//
-// A value at /kind or deeper in a kind-specific place (a CRD's names, a
-// Role's rules) is left alone: its group is not known from the patch.
-func (r *Rewriter) JSONPatch(ops []any) []any {
+//     (.../metadata/annotations/<key>) are rewritten, ~1 and ~0 escaped;
+//   - a value is rewritten as Object rewrites the place the path names in
+//     an object of target's kind: an object at the root, a metadata, its
+//     labels or finalizers, a Role's rules, a CRD's names or group, a kind
+//     at /kind, one element of a list ("/rules/0", "/rules/-");
+//   - without a target kind, values are rewritten at the places any
+//     object has: the root, a metadata, its labels, annotations,
+//     finalizers (the list or one element) or ownerReferences (the list,
+//     one element, or an element's apiVersion), spec.selector,
+//     spec.template and /apiVersion.
+func (r *Rewriter) JSONPatch(ops []any, target Target) []any {
 	for _, o := range ops {
 		op, ok := o.(map[string]any)
 		if !ok {
@@ -33,10 +35,79 @@ func (r *Rewriter) JSONPatch(ops []any) []any {
 			op["from"], _ = r.pointer(f)
 		}
 		if v, ok := op["value"]; ok && shape != nil {
-			op["value"] = r.patchValue(shape, v)
+			if target.Kind != "" && len(shape) > 0 && !slices.Contains(shape, "") {
+				op["value"] = r.valueIn(target, shape, v)
+			} else {
+				op["value"] = r.patchValue(shape, v)
+			}
 		}
 	}
 	return ops
+}
+
+// valueIn rewrites v as the value at path in an object of target's
+// kind: it builds that object, with v in its place, rewrites it and takes
+// v's rewrite back out. A path whose place the rewrite moves (a managed
+// field's key) leaves v as it is.
+func (r *Rewriter) valueIn(target Target, path []string, v any) any {
+	apiVersion := "v1"
+	if target.Group != "" {
+		apiVersion = target.Group + "/v1"
+	}
+	obj := map[string]any{"apiVersion": apiVersion, "kind": target.Kind}
+	if target.Name != "" && path[0] != "metadata" {
+		obj["metadata"] = map[string]any{"name": target.Name}
+	}
+	// Build the containers from the leaf up: an index ("0", "-") is a
+	// one-element list.
+	leaf := v
+	for i := len(path) - 1; i >= 1; i-- {
+		if isIndex(path[i]) {
+			leaf = []any{leaf}
+		} else {
+			leaf = map[string]any{path[i]: leaf}
+		}
+	}
+	if isIndex(path[0]) {
+		return v
+	}
+	obj[path[0]] = leaf
+	r.object(obj, Target{})
+	var cur any = obj
+	for _, t := range path {
+		switch c := cur.(type) {
+		case map[string]any:
+			next, ok := c[t]
+			if !ok {
+				return v
+			}
+			cur = next
+		case []any:
+			if len(c) != 1 {
+				return v
+			}
+			cur = c[0]
+		default:
+			return v
+		}
+	}
+	return cur
+}
+
+// isIndex says whether a JSON pointer token indexes a list.
+func isIndex(t string) bool {
+	if t == "-" {
+		return true
+	}
+	if t == "" || len(t) > 1 && t[0] == '0' {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		if t[i] < '0' || t[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // pointer rewrites the label and annotation keys of a JSON pointer. It

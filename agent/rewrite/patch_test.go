@@ -93,9 +93,11 @@ spec:
 	}
 }
 
-// jsonPatchCases are RFC 6902 patches.
+// jsonPatchCases are RFC 6902 patches, with or without their target.
 var jsonPatchCases = []struct {
-	name, in, want string
+	name     string
+	target   Target
+	in, want string
 }{
 	{
 		name: "label and annotation keys in paths, escaped",
@@ -137,6 +139,30 @@ var jsonPatchCases = []struct {
 		want: `[{"op":"add","path":"/metadata/labels/unprefixed.renamed.example.net~1metadata","value":"x"},{"op":"add","path":"/metadata/labels/unprefixed.renamed.example.net~1matchLabels","value":"y"}]`,
 	},
 	{
+		name:   "a cluster role's rules",
+		target: Target{Group: "rbac.authorization.k8s.io", Kind: "ClusterRole"},
+		in:     `[{"op":"add","path":"/rules/-","value":{"apiGroups":["example.com"],"resources":["widgets/status"],"verbs":["get"]}},{"op":"replace","path":"/rules/0/resources","value":["widgets"]}]`,
+		want:   `[{"op":"add","path":"/rules/-","value":{"apiGroups":["renamed.example.io"],"resources":["renamedwidgets/status"],"verbs":["get"]}},{"op":"replace","path":"/rules/0/resources","value":["widgets"]}]`,
+	},
+	{
+		name:   "a CRD's names and group, the CRD named by the path",
+		target: Target{Group: "apiextensions.k8s.io", Kind: "CustomResourceDefinition", Name: "widgets.example.com"},
+		in:     `[{"op":"replace","path":"/spec/names/shortNames","value":["wd"]},{"op":"replace","path":"/spec/names","value":{"kind":"Widget","plural":"widgets"}}]`,
+		want:   `[{"op":"replace","path":"/spec/names/shortNames","value":["renamedwd"]},{"op":"replace","path":"/spec/names","value":{"kind":"RenamedWidget","plural":"renamedwidgets"}}]`,
+	},
+	{
+		name:   "a custom resource's kind and labels",
+		target: Target{Group: "example.com", Kind: "Widget"},
+		in:     `[{"op":"replace","path":"/kind","value":"Widget"},{"op":"replace","path":"/metadata/labels","value":{"example.com/a":"b"}},{"op":"add","path":"/metadata/finalizers/0","value":"example.com/f"}]`,
+		want:   `[{"op":"replace","path":"/kind","value":"RenamedWidget"},{"op":"replace","path":"/metadata/labels","value":{"renamed.example.io/a":"b"}},{"op":"add","path":"/metadata/finalizers/0","value":"renamed.example.io/f"}]`,
+	},
+	{
+		name:   "a service's selector",
+		target: Target{Kind: "Service"},
+		in:     `[{"op":"replace","path":"/spec/selector","value":{"example.com/app":"a"}}]`,
+		want:   `[{"op":"replace","path":"/spec/selector","value":{"renamed.example.io/app":"a"}}]`,
+	},
+	{
 		// Not canonical pointers (~2 is no escape) and not pointers are
 		// left alone.
 		name: "odd pointers",
@@ -150,10 +176,10 @@ func TestJSONPatch(t *testing.T) {
 	r := testRewriter(t)
 	for _, c := range jsonPatchCases {
 		t.Run(c.name, func(t *testing.T) {
-			checkSwap(t, c.in, c.want, r.JSONPatchJSON)
+			checkSwap(t, c.in, c.want, func(b []byte) ([]byte, error) { return r.JSONPatchJSON(b, c.target) })
 		})
 	}
-	if _, err := r.JSONPatchJSON([]byte(`{}`)); err == nil {
+	if _, err := r.JSONPatchJSON([]byte(`{}`), Target{}); err == nil {
 		t.Error("an object was taken for a JSON patch")
 	}
 }

@@ -7,9 +7,20 @@ import (
 // admissionReview rewrites an AdmissionReview (admission.k8s.io v1 and
 // v1beta1), for the webhook path: the request's kind, resource,
 // requestKind, requestResource, object and oldObject (subResource and
-// options are left alone), and the response's patch (base64 JSON patch),
-// warnings and status.
+// options are left alone), and the response's patch (base64 JSON patch,
+// of the request's kind when the review carries the request), warnings
+// and status.
 func (r *Rewriter) admissionReview(obj map[string]any) {
+	// The patch patches the request's object: its kind is the patch's
+	// target, when the review carries the request.
+	var target Target
+	if req, ok := obj["request"].(map[string]any); ok {
+		if k, ok := req["kind"].(map[string]any); ok {
+			target.Group, _ = k["group"].(string)
+			target.Kind, _ = k["kind"].(string)
+		}
+		target.Name, _ = req["name"].(string)
+	}
 	if req, ok := obj["request"].(map[string]any); ok {
 		r.groupVersionKind(req["kind"], "")
 		r.groupVersionKind(req["requestKind"], "")
@@ -22,7 +33,7 @@ func (r *Rewriter) admissionReview(obj map[string]any) {
 		}
 	}
 	if resp, ok := obj["response"].(map[string]any); ok {
-		swapString(resp, "patch", r.base64JSONPatch)
+		swapString(resp, "patch", func(p string) string { return r.base64JSONPatch(p, target) })
 		swapStrings(resp["warnings"], r.Text)
 		if st, ok := resp["status"].(map[string]any); ok {
 			r.status(st)
@@ -32,12 +43,12 @@ func (r *Rewriter) admissionReview(obj map[string]any) {
 
 // base64JSONPatch rewrites a base64-encoded JSON patch; the patch comes
 // back as canonical JSON. What is not base64 JSON patch is left alone.
-func (r *Rewriter) base64JSONPatch(s string) string {
+func (r *Rewriter) base64JSONPatch(s string, target Target) string {
 	raw, err := base64.StdEncoding.DecodeString(s)
 	if err != nil {
 		return s
 	}
-	out, err := r.JSONPatchJSON(raw)
+	out, err := r.JSONPatchJSON(raw, target)
 	if err != nil {
 		return s
 	}
