@@ -160,3 +160,33 @@ func groupOf(apiVersion string) string {
 	}
 	return g
 }
+
+// Profiles are the rewriters of a configuration's profiles.
+type Profiles []*Rewriter
+
+// NewProfiles builds the rewriter of each of c's profiles. c must have
+// passed v1alpha1.Validate, which also makes sure that no caller is
+// selected by two profiles.
+func NewProfiles(c *v1alpha1.RewriteConfiguration) (Profiles, error) {
+	out := make(Profiles, 0, len(c.Profiles))
+	for _, p := range c.Profiles {
+		r, err := New(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// For returns the rewriter of the profile that selects user (a reviewed
+// user name, see Selects), or nil: that caller's requests and answers
+// pass untouched.
+func (p Profiles) For(user string) *Rewriter {
+	for _, r := range p {
+		if r.Selects(user) {
+			return r
+		}
+	}
+	return nil
+}

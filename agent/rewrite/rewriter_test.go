@@ -155,3 +155,33 @@ func TestSwapperIsAnInvolution(t *testing.T) {
 		}
 	}
 }
+
+// TestProfiles: each caller finds its profile's rewriter, or none.
+func TestProfiles(t *testing.T) {
+	second := testProfile()
+	second.Name = "second"
+	second.Selector = v1alpha1.CallerSelector{Namespaces: []string{"second"}}
+	second.Groups = []v1alpha1.GroupRename{{From: "example.com", To: "second.example.io"}}
+	ps, err := NewProfiles(&v1alpha1.RewriteConfiguration{Profiles: []v1alpha1.RewriteProfile{testProfile(), second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for user, want := range map[string]string{
+		"system:serviceaccount:widgets-system:operator": "widgets",
+		"system:serviceaccount:second:anyone":           "second",
+		"system:serviceaccount:default:default":         "",
+	} {
+		got := ""
+		if r := ps.For(user); r != nil {
+			got = r.Name()
+		}
+		if got != want {
+			t.Errorf("For(%q) = %q, want %q", user, got, want)
+		}
+	}
+	bad := testProfile()
+	bad.Groups = nil
+	if _, err := NewProfiles(&v1alpha1.RewriteConfiguration{Profiles: []v1alpha1.RewriteProfile{bad}}); err == nil {
+		t.Error("NewProfiles accepted a profile without groups")
+	}
+}
