@@ -188,7 +188,8 @@ test-repeat-e2e: deps control-plane
 # bare "context deadline exceeded" at a duration's deadline). New crashers
 # land in the package's testdata/fuzz and are kept as regression seeds.
 FUZZ_EXECS ?= 3000
-FUZZ_TARGETS ?= ./agent/serving:FuzzForwardRequest ./cache:FuzzCacheDecision
+FUZZ_TARGETS ?= ./agent/serving:FuzzForwardRequest ./cache:FuzzCacheDecision \
+	./agent/rewrite:FuzzRoundTripGenerated ./agent/rewrite:FuzzRoundTrip
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "fuzz $$t ($(FUZZ_EXECS) inputs)"; \
