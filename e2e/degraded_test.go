@@ -414,6 +414,14 @@ func killAllAPIServers(t *testing.T, c *sandbox.Cluster) func(context.Context) {
 					t.Errorf("restarting apiservers: %v", err)
 				}
 			}
+			// Not done until kube-controller-manager works again: the
+			// next scenario's namespaces need their ServiceAccounts.
+			start := time.Now()
+			if err := c.WaitControllersWorking(ctx); err != nil {
+				t.Errorf("after restarting the apiservers: %v", err)
+				return
+			}
+			t.Logf("after restarting the apiservers, kube-controller-manager acted on a new namespace within %s", time.Since(start).Round(time.Millisecond))
 		})
 	}
 	t.Cleanup(func() {

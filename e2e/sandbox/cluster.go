@@ -649,6 +649,36 @@ func (c *Cluster) waitForNamespaceReady(ctx context.Context, ns string) error {
 	})
 }
 
+// WaitControllersWorking waits until kube-controller-manager acts on new
+// objects again after the apiservers came back from being stopped: it
+// creates a namespace and waits, up to two minutes, for its default
+// ServiceAccount and kube-root-ca.crt, then deletes it. The controllers'
+// watches broke with the apiservers and come back on their own backoff, so
+// a scenario that restarts every apiserver calls this before the next
+// scenario creates namespaces of its own.
+func (c *Cluster) WaitControllersWorking(ctx context.Context) error {
+	name := fmt.Sprintf("sandbox-probe-%d", time.Now().UnixNano())
+	obj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	// The apiservers answer /readyz before their RBAC has synced, which
+	// may refuse even the admin for a moment: retry the create.
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Admin.CoreV1().Namespaces().Create(ctx, obj, metav1.CreateOptions{})
+		return err == nil || apierrors.IsAlreadyExists(err), nil
+	})
+	if err != nil {
+		return fmt.Errorf("creating namespace %s: %w", name, err)
+	}
+	defer func() {
+		_ = c.Admin.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
+	}()
+	if err := c.waitForNamespaceReady(ctx, name); err != nil {
+		return fmt.Errorf("kube-controller-manager did not give namespace %s its ServiceAccount and kube-root-ca.crt: %w", name, err)
+	}
+	return nil
+}
+
 // Stop kills every process and deletes every namespace. It is safe to call
 // more than once.
 func (c *Cluster) Stop() error {
