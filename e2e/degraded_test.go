@@ -417,7 +417,7 @@ func killAllAPIServers(t *testing.T, c *sandbox.Cluster) func(context.Context) {
 			// Not done until kube-controller-manager works again: the
 			// next scenario's namespaces need their ServiceAccounts.
 			start := time.Now()
-			if err := c.WaitControllersWorking(ctx); err != nil {
+			if err := c.WaitControllersWorking(context.WithoutCancel(ctx)); err != nil {
 				t.Errorf("after restarting the apiservers: %v", err)
 				return
 			}

@@ -651,7 +651,7 @@ func (c *Cluster) waitForNamespaceReady(ctx context.Context, ns string) error {
 
 // WaitControllersWorking waits until kube-controller-manager acts on new
 // objects again after the apiservers came back from being stopped: it
-// creates a namespace and waits, up to two minutes, for its default
+// creates a namespace and waits, up to controllersRecoveryTimeout, for its default
 // ServiceAccount and kube-root-ca.crt, then deletes it. The controllers'
 // watches broke with the apiservers and come back on their own backoff, so
 // a scenario that restarts every apiserver calls this before the next
@@ -659,7 +659,7 @@ func (c *Cluster) waitForNamespaceReady(ctx context.Context, ns string) error {
 func (c *Cluster) WaitControllersWorking(ctx context.Context) error {
 	name := fmt.Sprintf("sandbox-probe-%d", time.Now().UnixNano())
 	obj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancel := context.WithTimeout(ctx, controllersRecoveryTimeout)
 	defer cancel()
 	// The apiservers answer /readyz before their RBAC has synced, which
 	// may refuse even the admin for a moment: retry the create.
@@ -673,11 +673,25 @@ func (c *Cluster) WaitControllersWorking(ctx context.Context) error {
 	defer func() {
 		_ = c.Admin.CoreV1().Namespaces().Delete(context.Background(), name, metav1.DeleteOptions{})
 	}()
-	if err := c.waitForNamespaceReady(ctx, name); err != nil {
-		return fmt.Errorf("kube-controller-manager did not give namespace %s its ServiceAccount and kube-root-ca.crt: %w", name, err)
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if _, err := c.Admin.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			return false, nil
+		}
+		_, err := c.Admin.CoreV1().ConfigMaps(name).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+		return err == nil, nil
+	})
+	if err != nil {
+		return fmt.Errorf("kube-controller-manager did not give namespace %s its ServiceAccount and kube-root-ca.crt within %s: %w", name, controllersRecoveryTimeout, err)
 	}
 	return nil
 }
+
+// controllersRecoveryTimeout bounds WaitControllersWorking. After every
+// apiserver was down for a minute or two, kube-controller-manager's
+// watches come back on their reflectors' backoff, and the first of them
+// may meet an apiserver whose RBAC has not synced yet: it took 56 s on
+// 1.37 and over a minute on 1.34 here.
+const controllersRecoveryTimeout = 4 * time.Minute
 
 // Stop kills every process and deletes every namespace. It is safe to call
 // more than once.
