@@ -626,7 +626,11 @@ func TestConnectionLimits(t *testing.T) {
 	if _, ok := connect("127.0.0.3"); ok {
 		t.Errorf("another source's second connection was kept with the shared pool used up")
 	}
+	// The counter moves just after the refused connection is closed, so
+	// a client can see the close first: wait for it.
 	for reason, want := range map[string]float64{"per-source": 2, "total": 1} {
+		waitFor(t, func() bool { return testutil.ToFloat64(s.conns.closedConns.WithLabelValues(reason)) >= want },
+			fmt.Sprintf("%v connections closed with reason %s", want, reason))
 		if got := testutil.ToFloat64(s.conns.closedConns.WithLabelValues(reason)); got != want {
 			t.Errorf("connections closed with reason %s: %v, want %v", reason, got, want)
 		}
