@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -592,10 +593,23 @@ func (s *dsScenario) runLabelledClient(t *testing.T, ctx context.Context, name s
 	return &nodePod{Pod: last, log: followPodLog(ctx, s.c, dsClientNS, name)}
 }
 
-// exec runs a command in the client pod through kubectl exec.
+// exec runs a command in the client pod through kubectl exec and returns
+// what it printed on standard output. Standard error is kept apart: the
+// local kubectl's own stream messages (such as a websocket "Unknown stream
+// id" line) land there and must not be read as the command's output.
 func (s *dsScenario) exec(t *testing.T, ctx context.Context, r *nodePod, args ...string) string {
 	t.Helper()
-	return s.mustKubectl(t, ctx, append([]string{"exec", "-n", dsClientNS, r.Pod.Name, "--"}, args...)...)
+	full := append([]string{"exec", "-n", dsClientNS, r.Pod.Name, "--"}, args...)
+	cmd := s.c.KubectlCommand(ctx, full...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("kubectl %s: %v\n%s%s", strings.Join(full, " "), err, stdout.Bytes(), stderr.Bytes())
+	}
+	if stderr.Len() > 0 {
+		t.Logf("kubectl %s wrote on standard error:\n%s", strings.Join(full, " "), stderr.Bytes())
+	}
+	return stdout.String()
 }
 
 // startLoad runs `podclient load` in a new pod and waits until its first
