@@ -22,16 +22,16 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/audit"
-	"github.com/kube-apicache/kube-apicache/agent/interception"
-	apicache "github.com/kube-apicache/kube-apicache/cache"
-	"github.com/kube-apicache/kube-apicache/cache/access"
-	"github.com/kube-apicache/kube-apicache/netrules"
-
 	"github.com/kube-apicache/kube-apicache/agent/degraded"
+	"github.com/kube-apicache/kube-apicache/agent/interception"
 	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+	"github.com/kube-apicache/kube-apicache/agent/rewriting"
 	"github.com/kube-apicache/kube-apicache/agent/serving"
 	"github.com/kube-apicache/kube-apicache/agent/status"
 	"github.com/kube-apicache/kube-apicache/agent/upstream"
+	apicache "github.com/kube-apicache/kube-apicache/cache"
+	"github.com/kube-apicache/kube-apicache/cache/access"
+	"github.com/kube-apicache/kube-apicache/netrules"
 )
 
 // Agent composes the agent's parts and runs them in order: the
@@ -53,6 +53,13 @@ type Agent struct {
 	cache *apicache.Cache
 	// audit records the requests the cache answers; off unless configured.
 	audit *audit.Auditor
+	// reviewer reviews callers for the cache and the rewriting; nil when
+	// neither is on.
+	reviewer *access.Delegating
+	// rewriting renames the requests of the callers rewrite profiles
+	// select; rewriteProfiles are its profiles, nil when it is off.
+	rewriting       *rewriting.Filter
+	rewriteProfiles *rewriting.Profiles
 	// warm is the warm-up of the pinned resources (warmup).
 	warm warmup
 	// drain is cancelled when shutdown starts, which ends open watches so
@@ -135,6 +142,10 @@ func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 		a.icpt.RemoveStale()
 		return nil, err
 	}
+	if err := a.newRewriting(); err != nil {
+		a.icpt.RemoveStale()
+		return nil, err
+	}
 	if cfg.MetricsBindAddress != "" {
 		if a.status, err = a.newStatusServer(); err != nil {
 			a.icpt.RemoveStale()
@@ -145,6 +156,7 @@ func New(cfg *Config, k interception.Kernel) (*Agent, error) {
 		Limits:         cfg.Limits,
 		Upstream:       a.up,
 		Cache:          a.cache,
+		Rewriting:      a.rewriting,
 		Audit:          a.audit,
 		Degraded:       a.degraded.Active,
 		SkipSource:     a.icpt.SkipSource,
@@ -333,6 +345,13 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 		}
 		return err
 	}
+	if err := a.checkRewriteProfiles(ctx); err != nil {
+		if ctx.Err() != nil {
+			logger.Info("Stopped before intercepting")
+			return nil
+		}
+		return err
+	}
 
 	certCtx, stopCert := context.WithCancel(ctx)
 	defer stopCert()
@@ -426,13 +445,12 @@ func (a *Agent) shutdown(logger klog.Logger) {
 	a.icpt.ReleaseAddresses(logger, removed)
 }
 
-// newCache builds the node-local cache and the reviewer that guards it,
-// both with the agent's own client configuration (with CacheAsNode, the
-// cache watches this node's pods and Node as the node). It does nothing
-// when no resource is to be cached.
-func (a *Agent) newCache() error {
-	if len(a.cfg.CacheResources) == 0 {
-		return nil
+// accessReviewer returns the agent's reviewer of callers' tokens and
+// access, made on first use: the cache and the rewriting share it, and
+// with it its decision caches and its gate.
+func (a *Agent) accessReviewer() (*access.Delegating, error) {
+	if a.reviewer != nil {
+		return a.reviewer, nil
 	}
 	reviewer, err := access.New(a.restConfig(), access.Options{
 		Gate:        a.cfg.Limits.GateOptions(),
@@ -441,10 +459,26 @@ func (a *Agent) newCache() error {
 		Unreachable: a.degraded.ReviewsUnreachable,
 	})
 	if err != nil {
-		return fmt.Errorf("access reviews: %w", err)
+		return nil, fmt.Errorf("access reviews: %w", err)
 	}
 	if err := reviewer.Metrics().Register(a.metrics.registry); err != nil {
-		return fmt.Errorf("registering review metrics: %w", err)
+		return nil, fmt.Errorf("registering review metrics: %w", err)
+	}
+	a.reviewer = reviewer
+	return reviewer, nil
+}
+
+// newCache builds the node-local cache and the reviewer that guards it,
+// both with the agent's own client configuration (with CacheAsNode, the
+// cache watches this node's pods and Node as the node). It does nothing
+// when no resource is to be cached.
+func (a *Agent) newCache() error {
+	if len(a.cfg.CacheResources) == 0 {
+		return nil
+	}
+	reviewer, err := a.accessReviewer()
+	if err != nil {
+		return err
 	}
 	a.cache, err = apicache.New(apicache.Config{
 		NodeName:             a.cfg.NodeName,

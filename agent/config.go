@@ -161,6 +161,10 @@ type Config struct {
 	// itself (kube-apiserver's audit options); nil or without a policy
 	// file, nothing is recorded.
 	Audit *audit.Options
+
+	// RewriteConfigFile is the RewriteConfiguration of the rewriting
+	// mode (package agent/rewriting); empty: no caller is rewritten.
+	RewriteConfigFile string
 }
 
 // Default values for Config fields.

@@ -48,6 +48,9 @@ func New(p v1alpha1.RewriteProfile) (*Rewriter, error) {
 		finalizers:      newKeyMapper(p.Finalizers),
 	}
 	lower := strings.ToLower(p.KindPrefix)
+	if p.ResourcePrefix != nil {
+		lower = *p.ResourcePrefix
+	}
 	keep := map[string]bool{}
 	for _, c := range p.KeepCategories {
 		keep[c] = true

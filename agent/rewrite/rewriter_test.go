@@ -185,3 +185,33 @@ func TestProfiles(t *testing.T) {
 		t.Error("NewProfiles accepted a profile without groups")
 	}
 }
+
+// With an empty resource prefix, kinds are prefixed and resource names
+// stay: only the group tells the copies apart.
+func TestKeepResourceNames(t *testing.T) {
+	p := testProfile()
+	p.ResourcePrefix = new(string)
+	r, err := New(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.CRDName("widgets.example.com"); got != "widgets.renamed.example.io" {
+		t.Errorf("CRDName = %s, want widgets.renamed.example.io", got)
+	}
+	path, _, renamed := r.RequestPath("/apis/example.com/v1/namespaces/ns/widgets/w", nil)
+	if path != "/apis/renamed.example.io/v1/namespaces/ns/widgets/w" || !renamed {
+		t.Errorf("RequestPath = %s, %v", path, renamed)
+	}
+	if g, k := r.Kind("example.com", "Widget"); g != "renamed.example.io" || k != "RenamedWidget" {
+		t.Errorf("Kind = %s %s", g, k)
+	}
+	checkSwap(t,
+		`{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.example.com"},"spec":{"group":"example.com","names":{"kind":"Widget","listKind":"WidgetList","plural":"widgets","singular":"widget","shortNames":["wdg"]}}}`,
+		`{"apiVersion":"apiextensions.k8s.io/v1","kind":"CustomResourceDefinition","metadata":{"name":"widgets.renamed.example.io"},"spec":{"group":"renamed.example.io","names":{"kind":"RenamedWidget","listKind":"RenamedWidgetList","plural":"widgets","singular":"widget","shortNames":["wdg"]}}}`,
+		r.ObjectJSON)
+	bad := "Widgets"
+	p.ResourcePrefix = &bad
+	if _, err := New(p); err == nil {
+		t.Error("New accepted an upper-case resource prefix")
+	}
+}

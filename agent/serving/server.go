@@ -14,6 +14,7 @@ import (
 
 	"github.com/kube-apicache/kube-apicache/agent/audit"
 	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+	"github.com/kube-apicache/kube-apicache/agent/rewriting"
 	"github.com/kube-apicache/kube-apicache/agent/upstream"
 	apicache "github.com/kube-apicache/kube-apicache/cache"
 )
@@ -28,6 +29,9 @@ type Options struct {
 	Cache *apicache.Cache
 	// Audit records the requests the cache answers.
 	Audit *audit.Auditor
+	// Rewriting renames the requests of the callers rewrite profiles
+	// select, and restores their answers; nil: nobody is rewritten.
+	Rewriting *rewriting.Filter
 	// Degraded reports whether the agent is in degraded mode: forwarded
 	// requests then fail fast, and the cache recalls decisions.
 	Degraded func() bool
@@ -54,6 +58,7 @@ type Server struct {
 	up       *upstream.Set
 	cache    *apicache.Cache
 	audit    *audit.Auditor
+	rewrite  *rewriting.Filter
 	degraded func() bool
 	drain    context.Context
 	metrics  *metrics
@@ -71,6 +76,7 @@ func New(o Options) *Server {
 		up:          o.Upstream,
 		cache:       o.Cache,
 		audit:       o.Audit,
+		rewrite:     o.Rewriting,
 		degraded:    o.Degraded,
 		drain:       o.Drain,
 		metrics:     newMetrics(o.Registry),
@@ -138,7 +144,10 @@ func (s *Server) front(h http.Handler) http.Handler {
 	// bounds if it is long-running, and gets deadlines for its body and
 	// its answer if it is not. Long-running requests whose body
 	// kube-apiserver ignores have it dropped.
-	h = withoutIgnoredBody(s.limitLongRunning(withBodyDeadline(s.withRequestTimeout(h, lim.RequestTimeout), lim.RequestBodyTimeout)))
+	// The requests of callers a rewrite profile selects are renamed
+	// within those deadlines (the rewriting reads the body), before the
+	// cache or the forwarder sees them.
+	h = withoutIgnoredBody(s.limitLongRunning(withBodyDeadline(s.withRequestTimeout(s.rewrite.Wrap(h), lim.RequestTimeout), lim.RequestBodyTimeout)))
 	// Callers with a TLS client certificate are handed to kube-apiserver
 	// before anything else sees their requests (clientcert.go).
 	return s.clientCerts.wrap(s.audit.WithReceivedTimestamp(apihttp.WithRequestInfo(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/token/cache"
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
 	"k8s.io/apiserver/pkg/endpoints/filters"
@@ -483,4 +484,34 @@ func (a withTimeout) Authorize(ctx context.Context, attrs authorizer.Attributes)
 // carry no conditions.
 func (a withTimeout) ConditionsAwareAuthorize(ctx context.Context, attrs authorizer.Attributes) authorizer.ConditionsAwareDecision {
 	return authorizer.ConditionsAwareDecisionFromParts(a.Authorize(ctx, attrs))
+}
+
+// ErrThrottled is what Authenticate returns when the caller's share of
+// token reviews is used up.
+var ErrThrottled = errThrottled
+
+// Authenticate tells who r's bearer token belongs to, with the same
+// cached and gated TokenReviews as Review, and no access review. It
+// returns nil and no error when r carries no bearer token or
+// kube-apiserver does not authenticate the token: kube-apiserver then
+// answers the request itself. ErrThrottled and review errors say that the
+// caller could not be told now. Impersonation headers are not looked at:
+// the user is the token's owner, whoever it asks to act as.
+func (d *Delegating) Authenticate(r *http.Request) (user.Info, error) {
+	token, ok := bearerToken(r.Header)
+	if !ok {
+		return nil, nil
+	}
+	ctx := withSource(r.Context(), r.RemoteAddr)
+	d.metrics.lookup(reviewToken)
+	leave := d.sources.enter(token, sourceFrom(ctx))
+	resp, ok, err := d.authn.AuthenticateToken(ctx, token)
+	leave()
+	switch {
+	case err != nil:
+		return nil, err
+	case !ok:
+		return nil, nil
+	}
+	return resp.User, nil
 }

@@ -101,8 +101,8 @@ it is unhealthy, stopped or removed, the kernel hands the VIP back to
 kube-proxy within --fail-open-timeout.
 
 Most flags may also be set in one configuration file (--config, kind
-AgentConfiguration): all but --node-name and the request limit, audit and
-logging flags, which exist on the command line only. A flag on the command
+AgentConfiguration): all but --node-name and the request limit, audit,
+rewriting and logging flags, which exist on the command line only. A flag on the command
 line wins over the file, with a warning in the log for each field it
 overrides.`,
 		Args:          cobra.NoArgs,
@@ -197,6 +197,7 @@ overrides.`,
 	c.Limits.AddFlags(nfs.FlagSet("request limits"))
 	c.Audit = audit.NewOptions()
 	c.Audit.AddFlags(nfs.FlagSet("audit"))
+	nfs.FlagSet("rewriting").StringVar(&c.RewriteConfigFile, "rewrite-config", "", "A RewriteConfiguration file (apiVersion config.kube-apicache.io/v1alpha1): the rewrite profiles, each renaming API groups, kinds, resources and metadata keys for the ServiceAccounts it selects (docs/concepts/rewriting.md). Checked at start-up against what the cluster serves; any mistake stops the agent. Empty: no caller is rewritten, at no cost.")
 
 	fs = nfs.FlagSet("metrics and health")
 	fs.StringVar(&c.MetricsBindAddress, "metrics-bind-address", agent.DefaultMetricsBindAddress, "host:port serving /metrics, /healthz, /livez, /readyz, /intercepting and "+status.StatuszPath+" over HTTPS. /metrics and "+status.StatuszPath+" need a bearer token that kube-apiserver authenticates and RBAC allows (get on the nonResourceURL, as in the kube-apicache:metrics-reader and kube-apicache:status-reader ClusterRoles); the health paths answer anyone. Empty disables.")

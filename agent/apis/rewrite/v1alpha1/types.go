@@ -41,6 +41,13 @@ type RewriteProfile struct {
 	// renamedwidgets). Required: an upper-case letter, then letters and
 	// digits.
 	KindPrefix string `json:"kindPrefix"`
+	// ResourcePrefix is put before every resource name, singular name,
+	// short name and category of a renamed group. Unset: KindPrefix in
+	// lower case. Empty: those names stay as they are, and the renamed
+	// group alone keeps the two copies apart (widgets.example.com is
+	// stored as widgets.renamed.example.io). Lower-case letters and
+	// digits, starting with a letter.
+	ResourcePrefix *string `json:"resourcePrefix,omitempty"`
 	// KeepCategories are the categories left as they are in renamed
 	// groups. Defaults to ["all"].
 	KeepCategories []string `json:"keepCategories,omitempty"`
@@ -101,6 +108,10 @@ func (c *RewriteConfiguration) DeepCopyObject() runtime.Object {
 // DeepCopy returns a copy of p that shares no slices with it.
 func (p RewriteProfile) DeepCopy() RewriteProfile {
 	out := p
+	if p.ResourcePrefix != nil {
+		rp := *p.ResourcePrefix
+		out.ResourcePrefix = &rp
+	}
 	out.Selector.ServiceAccounts = clone(p.Selector.ServiceAccounts)
 	out.Selector.Namespaces = clone(p.Selector.Namespaces)
 	out.Groups = clone(p.Groups)

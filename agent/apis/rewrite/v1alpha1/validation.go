@@ -44,7 +44,10 @@ type StaticServedGroups map[string]GroupServing
 // Serving implements ServedGroups.
 func (s StaticServedGroups) Serving(_, group string) GroupServing { return s[group] }
 
-var kindPrefixRE = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
+var (
+	kindPrefixRE     = regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
+	resourcePrefixRE = regexp.MustCompile(`^[a-z][a-z0-9]*$`)
+)
 
 // reservedDomains are the domains whose keys and groups belong to
 // Kubernetes: never renamed, never a target.
@@ -128,6 +131,9 @@ func validateProfile(p *RewriteProfile, path *field.Path, served ServedGroups) f
 		errs = append(errs, field.Required(kp, "a kind prefix such as Renamed: renamed kinds must not collide with the originals' in kubectl and RESTMappers"))
 	case !kindPrefixRE.MatchString(p.KindPrefix):
 		errs = append(errs, field.Invalid(kp, p.KindPrefix, "must be an upper-case letter followed by letters and digits"))
+	}
+	if p.ResourcePrefix != nil && *p.ResourcePrefix != "" && !resourcePrefixRE.MatchString(*p.ResourcePrefix) {
+		errs = append(errs, field.Invalid(path.Child("resourcePrefix"), *p.ResourcePrefix, "must be a lower-case letter followed by lower-case letters and digits, or empty to keep resource names"))
 	}
 	seen := map[string]bool{}
 	for i, c := range p.KeepCategories {

@@ -1,0 +1,386 @@
+package rewriting
+
+import (
+	"bufio"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apiserver/pkg/authentication/user"
+
+	"github.com/kube-apicache/kube-apicache/agent/apis/rewrite/v1alpha1"
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+	"github.com/kube-apicache/kube-apicache/agent/rewrite"
+	"github.com/kube-apicache/kube-apicache/cache/access"
+)
+
+const (
+	operatorSA = "system:serviceaccount:widgets:operator"
+	otherSA    = "system:serviceaccount:widgets:other"
+)
+
+// fakeToken is a JWT-shaped token whose claims name sub; its signature
+// is no signature at all: only the fake reviewer knows who it is.
+func fakeToken(sub, id string) string {
+	claims, _ := json.Marshal(map[string]string{"sub": sub, "jti": id})
+	return "eyJhbGciOiJSUzI1NiJ9." + base64.RawURLEncoding.EncodeToString(claims) + ".c2ln"
+}
+
+// reviewer is a fake Identify: tokens it knows, and an error to return.
+type reviewer struct {
+	mu    sync.Mutex
+	users map[string]string
+	err   error
+	calls int
+}
+
+func (f *reviewer) identify(r *http.Request) (user.Info, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	if f.err != nil {
+		return nil, f.err
+	}
+	tok, _ := bearerToken(r.Header)
+	name, ok := f.users[tok]
+	if !ok {
+		return nil, nil
+	}
+	return &user.DefaultInfo{Name: name}, nil
+}
+
+func testProfiles(t *testing.T) rewrite.Profiles {
+	t.Helper()
+	keep := ""
+	rw, err := rewrite.New(v1alpha1.RewriteProfile{
+		Name:           "widgets",
+		Selector:       v1alpha1.CallerSelector{ServiceAccounts: []string{"widgets/operator"}},
+		Groups:         []v1alpha1.GroupRename{{From: "example.com", To: "renamed.example.io"}},
+		KindPrefix:     "Renamed",
+		ResourcePrefix: &keep,
+		KeepCategories: []string{"all"},
+		Labels:         []v1alpha1.KeyDomainRename{{From: "example.com", To: "renamed.example.io"}},
+		Finalizers:     []v1alpha1.KeyDomainRename{{From: "example.com", To: "renamed.example.io"}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rewrite.Profiles{rw}
+}
+
+// seen is what the backend got.
+type seen struct {
+	method, path, query, accept, acceptEncoding, contentType, body string
+}
+
+// newChain returns the filter in front of backend, as serving composes
+// it (request info first), and the backend's view of the last request.
+func newChain(t *testing.T, rev *reviewer, backend http.HandlerFunc) (http.Handler, func() seen) {
+	t.Helper()
+	var mu sync.Mutex
+	var last seen
+	f, err := New(Options{Profiles: testProfiles(t), Identify: rev.identify})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		last = seen{r.Method, r.URL.Path, r.URL.RawQuery, r.Header.Get("Accept"), r.Header.Get("Accept-Encoding"), r.Header.Get("Content-Type"), string(b)}
+		mu.Unlock()
+		backend(w, r)
+	})
+	return apihttp.WithRequestInfo(f.Wrap(rec)), func() seen {
+		mu.Lock()
+		defer mu.Unlock()
+		return last
+	}
+}
+
+func jsonAnswer(body string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Add("Warning", `299 - "renamed.example.io/v1 RenamedWidget is deprecated; use renamed.example.io/v2 RenamedWidget"`)
+		_, _ = io.WriteString(w, body+"\n")
+	}
+}
+
+const renamedWidget = `{"apiVersion":"renamed.example.io/v1","kind":"RenamedWidget","metadata":{"finalizers":["renamed.example.io/cleanup"],"labels":{"renamed.example.io/tier":"gold"},"name":"w","namespace":"ns"},"spec":{"size":3}}`
+const originalWidget = `{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"finalizers":["example.com/cleanup"],"labels":{"example.com/tier":"gold"},"name":"w","namespace":"ns"},"spec":{"size":3}}`
+
+func do(t *testing.T, h http.Handler, method, target, token, accept, contentType, body string) *httptest.ResponseRecorder {
+	t.Helper()
+	r := httptest.NewRequest(method, target, strings.NewReader(body))
+	if token != "" {
+		r.Header.Set("Authorization", "Bearer "+token)
+	}
+	if accept != "" {
+		r.Header.Set("Accept", accept)
+	}
+	if contentType != "" {
+		r.Header.Set("Content-Type", contentType)
+	}
+	r.Header.Set("Accept-Encoding", "gzip")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	return w
+}
+
+func TestNoProfilesIsNoFilter(t *testing.T) {
+	next := http.NotFoundHandler()
+	f, err := New(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f.Wrap(next); fmt.Sprintf("%p", got) != fmt.Sprintf("%p", next) {
+		t.Error("Wrap without profiles put a handler in the chain")
+	}
+}
+
+func TestUnselectedCallerUntouched(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	other := fakeToken(otherSA, "1")
+	rev.users[other] = otherSA
+	h, last := newChain(t, rev, jsonAnswer(renamedWidget))
+	for _, tok := range []string{other, "not-a-jwt", ""} {
+		w := do(t, h, "GET", "/apis/renamed.example.io/v1/namespaces/ns/widgets/w?labelSelector=renamed.example.io%2Ftier", tok, "application/vnd.kubernetes.protobuf,application/json", "", "")
+		if got := w.Body.String(); got != renamedWidget+"\n" {
+			t.Errorf("token %q: answer changed:\n%s", tok, got)
+		}
+		s := last()
+		if s.path != "/apis/renamed.example.io/v1/namespaces/ns/widgets/w" || s.query != "labelSelector=renamed.example.io%2Ftier" || s.accept != "application/vnd.kubernetes.protobuf,application/json" || s.acceptEncoding != "gzip" {
+			t.Errorf("token %q: request changed: %+v", tok, s)
+		}
+		if w := w.Header().Get("Warning"); !strings.Contains(w, "RenamedWidget") {
+			t.Errorf("token %q: warning changed: %s", tok, w)
+		}
+	}
+	if rev.calls != 0 {
+		t.Errorf("%d token reviews for callers whose claims no profile selects, want 0", rev.calls)
+	}
+}
+
+func TestSelectedCallerRenamedAndRestored(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	h, last := newChain(t, rev, jsonAnswer(renamedWidget))
+
+	w := do(t, h, "GET", "/apis/example.com/v1/namespaces/ns/widgets/w?labelSelector=example.com%2Ftier%3Dgold", op, "application/vnd.kubernetes.protobuf, application/json", "", "")
+	if w.Code != 200 {
+		t.Fatalf("code %d: %s", w.Code, w.Body)
+	}
+	if got := strings.TrimSpace(w.Body.String()); got != originalWidget {
+		t.Errorf("answer:\n%s\nwant\n%s", got, originalWidget)
+	}
+	s := last()
+	if s.path != "/apis/renamed.example.io/v1/namespaces/ns/widgets/w" || s.query != "labelSelector=renamed.example.io%2Ftier%3Dgold" {
+		t.Errorf("upstream request %+v", s)
+	}
+	if s.accept != "application/json" || s.acceptEncoding != "" {
+		t.Errorf("upstream Accept %q, Accept-Encoding %q; want JSON only, no compression", s.accept, s.acceptEncoding)
+	}
+	if warn := w.Header().Get("Warning"); !strings.Contains(warn, `"example.com/v1 Widget is deprecated; use example.com/v2 Widget"`) || strings.Contains(warn, "Renamed") {
+		t.Errorf("warning not restored: %s", warn)
+	}
+	if cl := w.Header().Get("Content-Length"); cl != fmt.Sprint(w.Body.Len()) {
+		t.Errorf("Content-Length %s for %d bytes", cl, w.Body.Len())
+	}
+
+	// A create: the body is renamed.
+	w = do(t, h, "POST", "/apis/example.com/v1/namespaces/ns/widgets", op, "", "application/json", originalWidget)
+	if w.Code != 200 {
+		t.Fatalf("create: %d %s", w.Code, w.Body)
+	}
+	if got := last().body; got != renamedWidget {
+		t.Errorf("create body upstream:\n%s\nwant\n%s", got, renamedWidget)
+	}
+	// A JSON patch of a label: its path is renamed.
+	_ = do(t, h, "PATCH", "/apis/example.com/v1/namespaces/ns/widgets/w", op, "", "application/json-patch+json", `[{"op":"add","path":"/metadata/labels/example.com~1zone","value":"east"}]`)
+	if got := last().body; got != `[{"op":"add","path":"/metadata/labels/renamed.example.io~1zone","value":"east"}]` {
+		t.Errorf("JSON patch upstream: %s", got)
+	}
+}
+
+func TestSelectedCallerRefusals(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	h, _ := newChain(t, rev, jsonAnswer(renamedWidget))
+	for _, c := range []struct {
+		name, method, accept, contentType, body string
+		code                                    int
+		reason                                  string
+	}{
+		{"protobuf only", "GET", "application/vnd.kubernetes.protobuf", "", "", 406, "NotAcceptable"},
+		{"protobuf body", "POST", "application/json", "application/vnd.kubernetes.protobuf", "\x6b\x38\x73\x00", 415, "UnsupportedMediaType"},
+		{"too large", "POST", "application/json", "application/json", `{"a":"` + strings.Repeat("x", DefaultMaxRequestBodyBytes) + `"}`, 413, "RequestEntityTooLarge"},
+	} {
+		w := do(t, h, c.method, "/apis/example.com/v1/namespaces/ns/widgets", op, c.accept, c.contentType, c.body)
+		if c.accept == "application/vnd.kubernetes.protobuf" {
+			// The Status comes in the one encoding the caller takes, as
+			// kube-apiserver's would.
+			if w.Code != c.code || !strings.Contains(w.Body.String(), c.reason) {
+				t.Errorf("%s: %d %q, want %d %s", c.name, w.Code, w.Body, c.code, c.reason)
+			}
+			continue
+		}
+		var st struct {
+			Kind, Reason string
+			Code         int
+		}
+		if err := json.Unmarshal(w.Body.Bytes(), &st); err != nil {
+			t.Errorf("%s: answer %q is no Status: %v", c.name, w.Body, err)
+			continue
+		}
+		if w.Code != c.code || st.Kind != "Status" || st.Reason != c.reason {
+			t.Errorf("%s: %d %+v, want %d %s", c.name, w.Code, st, c.code, c.reason)
+		}
+	}
+}
+
+func TestUnreviewedCallerRetries(t *testing.T) {
+	op := fakeToken(operatorSA, "1")
+	for _, c := range []struct {
+		err  error
+		code int
+	}{{access.ErrThrottled, 429}, {errors.New("connection refused"), 503}} {
+		rev := &reviewer{err: c.err}
+		h, _ := newChain(t, rev, jsonAnswer(renamedWidget))
+		w := do(t, h, "GET", "/apis/example.com/v1/namespaces/ns/widgets/w", op, "", "", "")
+		if w.Code != c.code || w.Header().Get("Retry-After") == "" {
+			t.Errorf("review error %v: %d (Retry-After %q), want %d with Retry-After", c.err, w.Code, w.Header().Get("Retry-After"), c.code)
+		}
+	}
+}
+
+// A token whose claims name a selected ServiceAccount but which
+// kube-apiserver says is someone else's is not rewritten: the profile
+// follows the review, never the claims.
+func TestSelectionFollowsTheReview(t *testing.T) {
+	forged := fakeToken(operatorSA, "forged")
+	rev := &reviewer{users: map[string]string{forged: otherSA}}
+	h, last := newChain(t, rev, jsonAnswer(renamedWidget))
+	w := do(t, h, "GET", "/apis/example.com/v1/namespaces/ns/widgets/w", forged, "", "", "")
+	if last().path != "/apis/example.com/v1/namespaces/ns/widgets/w" || strings.TrimSpace(w.Body.String()) != renamedWidget {
+		t.Errorf("a caller the review did not select was rewritten: %+v %s", last(), w.Body)
+	}
+	if rev.calls != 1 {
+		t.Errorf("%d reviews, want 1", rev.calls)
+	}
+}
+
+func TestUnrewritableAnswerFails(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	h, _ := newChain(t, rev, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/vnd.kubernetes.protobuf")
+		_, _ = w.Write([]byte("k8s\x00renamed.example.io"))
+	})
+	w := do(t, h, "GET", "/apis/example.com/v1/namespaces/ns/widgets/w", op, "", "", "")
+	if w.Code != 500 || strings.Contains(w.Body.String(), "renamed.example.io") {
+		t.Errorf("a protobuf answer reached a selected caller: %d %q", w.Code, w.Body)
+	}
+	// Plain text (logs) carries no names and passes.
+	h, _ = newChain(t, rev, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("log line\n"))
+	})
+	w = do(t, h, "GET", "/api/v1/namespaces/ns/pods/p/log", op, "", "", "")
+	if w.Code != 200 || w.Body.String() != "log line\n" {
+		t.Errorf("logs: %d %q", w.Code, w.Body)
+	}
+}
+
+// A watch is restored event by event: the first event reaches the client
+// before the second is written.
+func TestWatchStreamRestoredEventByEvent(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	second := make(chan struct{})
+	h, last := newChain(t, rev, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(200)
+		_, _ = io.WriteString(w, `{"type":"ADDED","object":`+renamedWidget+"}\n")
+		http.NewResponseController(w).Flush()
+		<-second
+		_, _ = io.WriteString(w, `{"type":"BOOKMARK","object":{"apiVersion":"renamed.example.io/v1","kind":"RenamedWidget","metadata":{"resourceVersion":"9","annotations":{"k8s.io/initial-events-end":"true"}}}}`+"\n")
+	})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	req, _ := http.NewRequest("GET", srv.URL+"/apis/example.com/v1/namespaces/ns/widgets?watch=true", nil)
+	req.Header.Set("Authorization", "Bearer "+op)
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	got := make(chan string, 2)
+	go func() {
+		for lines.Scan() {
+			got <- lines.Text()
+		}
+		close(got)
+	}()
+	select {
+	case l := <-got:
+		if l != `{"object":`+originalWidget+`,"type":"ADDED"}` {
+			t.Errorf("first event %s", l)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first event did not arrive before the second was written")
+	}
+	close(second)
+	if l := <-got; l != `{"object":{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"annotations":{"k8s.io/initial-events-end":"true"},"resourceVersion":"9"}},"type":"BOOKMARK"}` {
+		t.Errorf("bookmark %s", l)
+	}
+	if p := last().path; p != "/apis/renamed.example.io/v1/namespaces/ns/widgets" {
+		t.Errorf("upstream path %s", p)
+	}
+}
+
+func TestMemoRewritesOnce(t *testing.T) {
+	m := newMemo(1 << 10)
+	calls := 0
+	fn := func(b []byte) ([]byte, error) { calls++; return append([]byte("x"), b...), nil }
+	for range 3 {
+		out, err := m.do([]byte("obj"), fn)
+		if err != nil || string(out) != "xobj" {
+			t.Fatalf("%q %v", out, err)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("rewritten %d times, want 1", calls)
+	}
+	big := make([]byte, 2<<10)
+	if _, err := m.do(big, fn); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.do(big, fn); err != nil || calls != 3 {
+		t.Errorf("an answer larger than the memo was kept (calls %d)", calls)
+	}
+}
+
+func TestUnverifiedSubject(t *testing.T) {
+	for tok, want := range map[string]string{
+		fakeToken(operatorSA, "1"):               operatorSA,
+		"abc":                                    "",
+		"a.b.c":                                  "",
+		"a." + strings.Repeat("x", 20000) + ".c": "",
+	} {
+		if got := unverifiedSubject(tok); got != want {
+			t.Errorf("unverifiedSubject(%.20q) = %q, want %q", tok, got, want)
+		}
+	}
+}

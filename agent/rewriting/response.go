@@ -1,0 +1,343 @@
+package rewriting
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/yaml"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+	"github.com/kube-apicache/kube-apicache/agent/rewrite"
+)
+
+// How an answer is carried to the caller.
+type mode int
+
+const (
+	// modeBuffer holds the whole body and rewrites it at the end.
+	modeBuffer mode = iota
+	// modeStream rewrites a watch stream event by event.
+	modeStream
+	// modePass relays a body that carries no API names (logs, plain
+	// text) as it comes.
+	modePass
+	// modeRefuse drops a body the rewriter cannot read (protobuf, CBOR)
+	// and answers an error instead.
+	modeRefuse
+)
+
+// memoMaxObjectBytes bounds the answers kept in the memo: single objects
+// and events, not lists.
+const memoMaxObjectBytes = 256 << 10
+
+// response is the ResponseWriter next writes a selected caller's answer
+// to. It restores the answer before the caller sees any of it.
+type response struct {
+	w    http.ResponseWriter
+	req  *http.Request
+	rw   *rewrite.Rewriter
+	memo *memo
+	max  int64
+
+	wroteHeader bool
+	code        int
+	mode        mode
+	contentType string
+
+	buf      bytes.Buffer
+	overflow bool
+
+	pw   *io.PipeWriter
+	done chan struct{}
+
+	// failed says the answer could not be rewritten; passed that it
+	// carried no names.
+	failed, passed bool
+}
+
+func newResponse(w http.ResponseWriter, req *http.Request, rw *rewrite.Rewriter, m *memo, max int64) *response {
+	return &response{w: w, req: req, rw: rw, memo: m, max: max}
+}
+
+// Header implements http.ResponseWriter.
+func (s *response) Header() http.Header { return s.w.Header() }
+
+// WriteHeader implements http.ResponseWriter: it decides how the body
+// is carried, by its Content-Type.
+func (s *response) WriteHeader(code int) {
+	if s.wroteHeader {
+		return
+	}
+	if code >= 100 && code < 200 {
+		s.w.WriteHeader(code)
+		return
+	}
+	s.wroteHeader, s.code = true, code
+	s.contentType = s.w.Header().Get("Content-Type")
+	switch mediaKind(s.contentType) {
+	case mediaJSON:
+		s.mode = modeBuffer
+		if code == http.StatusOK && apihttp.IsWatch(s.req) {
+			s.mode = modeStream
+		}
+	case mediaYAML:
+		s.mode = modeBuffer
+	case mediaBinary:
+		s.mode = modeRefuse
+	default:
+		s.mode = modePass
+	}
+	switch s.mode {
+	case modePass:
+		s.passed = true
+		s.restoreWarnings()
+		s.w.WriteHeader(code)
+	case modeStream:
+		s.restoreWarnings()
+		s.w.Header().Del("Content-Length")
+		s.w.WriteHeader(code)
+		pr, pw := io.Pipe()
+		s.pw, s.done = pw, make(chan struct{})
+		go s.pump(pr)
+	}
+}
+
+// Write implements http.ResponseWriter.
+func (s *response) Write(b []byte) (int, error) {
+	if !s.wroteHeader {
+		s.WriteHeader(http.StatusOK)
+	}
+	switch s.mode {
+	case modePass:
+		return s.w.Write(b)
+	case modeStream:
+		return s.pw.Write(b)
+	case modeRefuse:
+		return len(b), nil
+	}
+	if int64(s.buf.Len()+len(b)) > s.max {
+		s.overflow = true
+		s.buf.Reset()
+		return 0, fmt.Errorf("the answer is larger than the %d bytes the agent rewrites", s.max)
+	}
+	return s.buf.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's deadlines.
+func (s *response) Unwrap() http.ResponseWriter { return s.w }
+
+// Flush implements http.Flusher: held answers are not flushed; a watch
+// stream is flushed event by event by its pump.
+func (s *response) Flush() {
+	if s.mode == modePass && s.wroteHeader {
+		_ = http.NewResponseController(s.w).Flush()
+	}
+}
+
+// end finishes the answer once next has returned: a held body is
+// rewritten and written, a stream's pump ends.
+func (s *response) end(completed bool) {
+	if s.mode == modeStream && s.pw != nil {
+		if completed {
+			_ = s.pw.Close()
+		} else {
+			_ = s.pw.CloseWithError(http.ErrAbortHandler)
+		}
+		<-s.done
+		return
+	}
+	if !completed || !s.wroteHeader || s.mode == modePass {
+		return
+	}
+	if s.mode == modeRefuse {
+		s.fail(fmt.Errorf("the answer came as %q, which rewrite profile %s cannot rewrite", s.contentType, s.rw.Name()))
+		return
+	}
+	if s.overflow {
+		s.fail(fmt.Errorf("the answer is larger than the %d bytes rewrite profile %s rewrites at once; ask for it in pages (limit and continue)", s.max, s.rw.Name()))
+		return
+	}
+	body, err := s.plainBody()
+	if err == nil {
+		body, err = s.restore(body)
+	}
+	if err != nil {
+		s.fail(err)
+		return
+	}
+	h := s.w.Header()
+	h.Del("Content-Encoding")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	s.restoreWarnings()
+	s.w.WriteHeader(s.code)
+	_, _ = s.w.Write(body)
+}
+
+// plainBody is the held body, decompressed if it came compressed.
+func (s *response) plainBody() ([]byte, error) {
+	if !strings.EqualFold(s.w.Header().Get("Content-Encoding"), "gzip") {
+		return s.buf.Bytes(), nil
+	}
+	zr, err := gzip.NewReader(&s.buf)
+	if err != nil {
+		return nil, fmt.Errorf("reading a compressed answer: %w", err)
+	}
+	b, err := io.ReadAll(io.LimitReader(zr, s.max+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading a compressed answer: %w", err)
+	}
+	if int64(len(b)) > s.max {
+		return nil, fmt.Errorf("the answer is larger than the %d bytes rewrite profile %s rewrites at once", s.max, s.rw.Name())
+	}
+	return b, nil
+}
+
+// restore rewrites a whole JSON or YAML body.
+func (s *response) restore(body []byte) ([]byte, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return body, nil
+	}
+	if mediaKind(s.contentType) == mediaYAML {
+		j, err := yaml.YAMLToJSON(body)
+		if err != nil {
+			return nil, fmt.Errorf("reading a YAML answer: %w", err)
+		}
+		out, err := s.rw.ObjectJSON(j)
+		if err != nil {
+			return nil, err
+		}
+		return yaml.JSONToYAML(out)
+	}
+	trailing := body[len(bytes.TrimRight(body, "\n")):]
+	var out []byte
+	var err error
+	if len(body) <= memoMaxObjectBytes {
+		out, err = s.memo.do(body, s.rw.ObjectJSON)
+	} else {
+		out, err = s.rw.ObjectJSON(body)
+	}
+	if err != nil {
+		return nil, err
+	}
+	// kube-apiserver ends a JSON answer with a newline; so does this.
+	return append(out[:len(out):len(out)], trailing...), nil
+}
+
+// fail answers 500 in place of an answer that could not be rewritten:
+// a selected caller never sees the cluster's names.
+func (s *response) fail(err error) {
+	s.failed = true
+	klog.FromContext(s.req.Context()).V(2).Info("Could not rewrite an answer", "profile", s.rw.Name(), "path", s.req.URL.Path, "err", err)
+	h := s.w.Header()
+	for _, k := range []string{"Content-Length", "Content-Encoding", "Content-Type", "Warning"} {
+		h.Del(k)
+	}
+	apihttp.WriteStatus(s.w, s.req, apierrors.NewInternalError(err))
+}
+
+// pump rewrites a watch stream: one JSON event at a time, each written
+// and flushed as soon as it is complete.
+func (s *response) pump(pr *io.PipeReader) {
+	defer close(s.done)
+	dec := json.NewDecoder(pr)
+	rc := http.NewResponseController(s.w)
+	for {
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			// The stream ended, or brought something that is no event:
+			// either way nothing more is relayed, and next's writes fail.
+			_ = pr.CloseWithError(errStreamEnded)
+			return
+		}
+		out, err := s.memo.do(raw, s.rw.WatchEventJSON)
+		if err != nil {
+			s.failed = true
+			_ = pr.CloseWithError(err)
+			s.writeErrorEvent(err)
+			return
+		}
+		if _, err := s.w.Write(append(out[:len(out):len(out)], '\n')); err != nil {
+			_ = pr.CloseWithError(err)
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			_ = pr.CloseWithError(err)
+			return
+		}
+	}
+}
+
+var errStreamEnded = errors.New("the watch stream ended")
+
+// writeErrorEvent ends a watch stream with an ERROR event, as
+// kube-apiserver ends one it cannot go on with.
+func (s *response) writeErrorEvent(err error) {
+	st := apierrors.NewInternalError(fmt.Errorf("rewrite profile %s could not rewrite a watch event: %w", s.rw.Name(), err)).ErrStatus
+	st.Kind, st.APIVersion = "Status", "v1"
+	b, mErr := json.Marshal(map[string]any{"type": "ERROR", "object": st})
+	if mErr != nil {
+		return
+	}
+	_, _ = s.w.Write(append(b, '\n'))
+	_ = http.NewResponseController(s.w).Flush()
+}
+
+// restoreWarnings rewrites the names in Warning headers (admission
+// webhooks' and deprecation warnings name kinds and groups).
+func (s *response) restoreWarnings() {
+	h := s.w.Header()
+	ws := h.Values("Warning")
+	if len(ws) == 0 {
+		return
+	}
+	h.Del("Warning")
+	for _, w := range ws {
+		h.Add("Warning", s.rw.Text(w))
+	}
+}
+
+// outcome is the answer's outcome for the metrics.
+func (s *response) outcome() string {
+	switch {
+	case s.failed:
+		return outcomeFailed
+	case s.passed:
+		return outcomePassed
+	}
+	return outcomeRewritten
+}
+
+// Media kinds of answers.
+const (
+	mediaOther = iota
+	mediaJSON
+	mediaYAML
+	mediaBinary
+)
+
+// mediaKind sorts a Content-Type into what the filter does with it.
+func mediaKind(ct string) int {
+	mt, _, err := mime.ParseMediaType(ct)
+	if err != nil {
+		return mediaOther
+	}
+	switch {
+	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
+		return mediaJSON
+	case mt == "application/yaml":
+		return mediaYAML
+	case mt == "application/vnd.kubernetes.protobuf", mt == "application/cbor", strings.HasSuffix(mt, "+cbor"), strings.HasPrefix(mt, "application/vnd.kubernetes.protobuf"):
+		return mediaBinary
+	}
+	return mediaOther
+}
