@@ -101,8 +101,8 @@ it is unhealthy, stopped or removed, the kernel hands the VIP back to
 kube-proxy within --fail-open-timeout.
 
 Most flags may also be set in one configuration file (--config, kind
-AgentConfiguration): all but --node-name and the request limit, audit,
-rewriting and logging flags, which exist on the command line only. A flag on the command
+AgentConfiguration): all but --node-name and the request limit, audit and
+logging flags, which exist on the command line only. A flag on the command
 line wins over the file, with a warning in the log for each field it
 overrides.`,
 		Args:          cobra.NoArgs,

@@ -29,6 +29,8 @@ type AgentConfiguration struct {
 	Cache CacheConfiguration `json:"cache,omitzero"`
 	// Metrics holds the metrics and health endpoint.
 	Metrics MetricsConfiguration `json:"metrics,omitzero"`
+	// Rewriting holds the rewriting mode's profiles.
+	Rewriting RewritingConfiguration `json:"rewriting,omitzero"`
 }
 
 // ClusterConfiguration is shared by the agents and the approver.
@@ -114,6 +116,12 @@ type MetricsConfiguration struct {
 	CertFile    *string `json:"certFile,omitempty" flag:"metrics-tls-cert-file"`
 	KeyFile     *string `json:"keyFile,omitempty" flag:"metrics-tls-private-key-file"`
 	Profiling   *bool   `json:"profiling,omitempty" flag:"profiling"`
+}
+
+// RewritingConfiguration is the rewriting mode: which callers see the
+// API under other names.
+type RewritingConfiguration struct {
+	ConfigFile *string `json:"configFile,omitempty" flag:"rewrite-config"`
 }
 
 // DeepCopyObject implements runtime.Object. The configuration is read once
