@@ -37,7 +37,7 @@ var (
 	// skipReason says why the suite cannot run.
 	skipReason string
 	// Binaries built for the suite, in binTmp.
-	agentBin, podclientBin, binTmp string
+	agentBin, podclientBin, widgetopBin, binTmp string
 	// binDir holds the control-plane binaries.
 	binDir string
 )
@@ -112,7 +112,7 @@ func setUp() error {
 	if err != nil {
 		return err
 	}
-	agentBin, podclientBin = bins.Agent, bins.PodClient
+	agentBin, podclientBin, widgetopBin = bins.Agent, bins.PodClient, bins.Widgetop
 	return nil
 }
 

@@ -17,12 +17,22 @@ func RepoRoot() string {
 type Binaries struct {
 	Agent     string // kube-apicache
 	PodClient string // the in-pod client-go program
+	Widgetop  string // the sample operator of the API rewriting test
 }
 
-// BuildBinaries builds the agent and the pod client into dir.
+// BuildBinaries builds the agent, the pod client and the sample operator
+// into dir.
 func BuildBinaries(dir string) (Binaries, error) {
-	b := Binaries{Agent: filepath.Join(dir, "kube-apicache"), PodClient: filepath.Join(dir, "podclient")}
-	for bin, pkg := range map[string]string{b.Agent: "./cmd/kube-apicache", b.PodClient: "./e2e/podclient"} {
+	b := Binaries{
+		Agent:     filepath.Join(dir, "kube-apicache"),
+		PodClient: filepath.Join(dir, "podclient"),
+		Widgetop:  filepath.Join(dir, "widgetop"),
+	}
+	for bin, pkg := range map[string]string{
+		b.Agent:     "./cmd/kube-apicache",
+		b.PodClient: "./e2e/podclient",
+		b.Widgetop:  "./e2e/widgetop",
+	} {
 		cmd := exec.Command("go", "build", "-o", bin, pkg)
 		cmd.Dir = RepoRoot()
 		if out, err := cmd.CombinedOutput(); err != nil {
