@@ -97,6 +97,12 @@ func (f *Filter) Wrap(next http.Handler) http.Handler {
 	}
 	renamed := apihttp.WithRequestInfo(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !apiPath(r.URL.Path) {
+			// /version, health, metrics and OpenAPI documents carry no
+			// object of a renamed group: they pass for everyone.
+			next.ServeHTTP(w, r)
+			return
+		}
 		rw, err := f.profileFor(r)
 		switch {
 		case err != nil:
@@ -107,6 +113,17 @@ func (f *Filter) Wrap(next http.Handler) http.Handler {
 			f.serve(w, r, rw, renamed)
 		}
 	})
+}
+
+// apiPath says whether path is under /api or /apis, the paths of API
+// objects and their discovery: the only ones the filter rewrites.
+func apiPath(path string) bool {
+	for _, p := range []string{"/api", "/apis"} {
+		if rest, ok := strings.CutPrefix(path, p); ok && (rest == "" || rest[0] == '/') {
+			return true
+		}
+	}
+	return false
 }
 
 // profileFor returns the rewriter of the profile that selects r's caller,

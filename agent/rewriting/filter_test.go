@@ -384,3 +384,24 @@ func TestUnverifiedSubject(t *testing.T) {
 		}
 	}
 }
+
+func TestOnlyAPIPathsRewritten(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	h, last := newChain(t, rev, jsonAnswer(renamedWidget))
+	for _, p := range []string{"/openapi/v3/apis/renamed.example.io/v1", "/version", "/apisx/renamed.example.io"} {
+		w := do(t, h, "GET", p, op, "application/com.github.proto-openapi.spec.v3@v1.0+protobuf", "", "")
+		if last().path != p || last().accept != "application/com.github.proto-openapi.spec.v3@v1.0+protobuf" || w.Body.String() != renamedWidget+"\n" {
+			t.Errorf("%s was rewritten: %+v", p, last())
+		}
+	}
+	if rev.calls != 0 {
+		t.Errorf("%d reviews for paths that are never rewritten", rev.calls)
+	}
+	for p, want := range map[string]bool{"/api": true, "/apis": true, "/api/v1": true, "/apis/": true, "/apiary": false, "/": false} {
+		if got := apiPath(p); got != want {
+			t.Errorf("apiPath(%q) = %v", p, got)
+		}
+	}
+}
