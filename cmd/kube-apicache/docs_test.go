@@ -2,10 +2,10 @@ package main
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -168,14 +168,19 @@ func TestHelpListsSubcommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, name := range []string{"approver", "cleanup", "status", "diff", "version"} {
+	for _, name := range []string{"approver", "cleanup", "status", "diff", "version", "webhook-proxy"} {
 		sub, _, err := cmd.Find([]string{name})
 		if err != nil || sub == cmd {
 			t.Fatalf("no subcommand %q", name)
 		}
-		if line := fmt.Sprintf("  %-10s %s\n", name, sub.Short); !strings.Contains(out, line) {
-			t.Errorf("--help lacks %q:\n%s", line, out)
+		// The summaries start in one column, after the longest name.
+		line := regexp.MustCompile(`(?m)^  ` + regexp.QuoteMeta(name) + ` +` + regexp.QuoteMeta(sub.Short) + `$`)
+		if !line.MatchString(out) {
+			t.Errorf("--help lacks %q's line with its summary %q:\n%s", name, sub.Short, out)
 		}
+	}
+	if !strings.Contains(out, "  approver      Approve") {
+		t.Errorf("--help's summaries are not in one column:\n%s", out)
 	}
 	if strings.Contains(out, "  docs ") || !strings.Contains(out, "Node and cluster flags:") {
 		t.Errorf("--help lists the hidden docs command, or lost its flag sections:\n%s", out)

@@ -231,7 +231,7 @@ overrides.`,
 		}
 		cmd.Flags().AddFlagSet(nfs.FlagSets[name])
 	}
-	cmd.AddCommand(newApproverCommand(), newCleanupCommand(), newVersionCommand(), newStatusCommand(), newDiffCommand(), newDocsCommand(cmd))
+	cmd.AddCommand(newApproverCommand(), newCleanupCommand(), newVersionCommand(), newStatusCommand(), newDiffCommand(), newWebhookProxyCommand(), newDocsCommand(cmd))
 	rootHelp(cmd, nfs)
 	for _, sub := range cmd.Commands() {
 		subcommandHelp(sub, nfs.FlagSet("logging"))
@@ -244,8 +244,13 @@ overrides.`,
 func rootHelp(cmd *cobra.Command, nfs cliflag.NamedFlagSets) {
 	usage := func(w io.Writer, c *cobra.Command) {
 		fmt.Fprintf(w, "Usage:\n  %s\n  %s [command]\n\nCommands:\n", c.UseLine(), c.CommandPath())
-		for _, sub := range listedSubcommands(c) {
-			fmt.Fprintf(w, "  %-10s %s\n", sub.Name(), sub.Short)
+		subs := listedSubcommands(c)
+		width := 10
+		for _, sub := range subs {
+			width = max(width, len(sub.Name()))
+		}
+		for _, sub := range subs {
+			fmt.Fprintf(w, "  %-*s %s\n", width, sub.Name(), sub.Short)
 		}
 		fmt.Fprintf(w, "\nUse \"%s [command] --help\" for a command's flags.\n", c.CommandPath())
 		cliflag.PrintSections(w, nfs, helpColumns)
