@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 
+	"github.com/kube-apicache/kube-apicache/cache"
 	"github.com/kube-apicache/kube-apicache/e2e/sandbox"
 )
 
@@ -120,22 +121,28 @@ func TestRewriting(t *testing.T) {
 		writeFile(t, bad, strings.Replace(rwProfile, "to: renamed.example.io\n  kindPrefix", "to: owned.rewrite.e2e.example.org\n  kindPrefix", 1))
 		// When an agent starts with a profile renaming onto it.
 		pod, certFile, keyFile := newAgentPod(t, ctx, c)
-		a, err := c.StartAgent(ctx, pod, agentBin, c.AgentArgs(certFile, keyFile, "--rewrite-config="+bad)...)
+		proc, err := pod.Start(agentBin, c.AgentArgs(certFile, keyFile, "--rewrite-config="+bad)...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		stopOnCleanup(t, a.Process, "refused agent", 40, 5*time.Second)
+		stopOnCleanup(t, proc, "refused agent", 40, 5*time.Second)
 		// Then it stops before it serves, naming the group.
-		if code := waitExit(t, a.Process, time.Minute); code == 0 {
+		if code := waitExit(t, proc, time.Minute); code == 0 {
 			t.Fatalf("the agent started with a rename onto a group of someone else's")
 		}
-		log := a.Process.Log()
-		if !strings.Contains(log, "owned.rewrite.e2e.example.org is already served and the profile's callers have no rights on it") {
+		log := proc.Log()
+		if !strings.Contains(log, "profiles[0].groups[0].to: Forbidden: owned.rewrite.e2e.example.org is already served and the profile's callers have no rights on it") {
 			t.Errorf("the agent's refusal does not name the group:\n%s", tailLines(log, 20))
+		}
+		if strings.Contains(log, "Intercepting the kubernetes Service") {
+			t.Errorf("the refused agent intercepted before it stopped:\n%s", tailLines(log, 20))
 		}
 	})
 
-	agent := startAgent(t, ctx, c, "--rewrite-config="+profile)
+	grantClusterRead(t, ctx, c, "e2e-rewrite-agent",
+		rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: sandbox.AgentServiceAccount, Namespace: sandbox.AgentNamespace},
+		rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: readVerbs})
+	agent := startAgent(t, ctx, c, "--rewrite-config="+profile, "--cache-resources="+cache.DefaultResources+",configmaps")
 
 	// The renamed install: widgetop serves its webhooks on 8443, and
 	// webhook-proxy, with the same certificate, on 9444 in front of it.
@@ -186,11 +193,13 @@ func TestRewriting(t *testing.T) {
 		if err := json.Unmarshal([]byte(got), &w); err != nil {
 			t.Fatalf("kubectl get -o json: %v\n%s", err, got)
 		}
-		if w.APIVersion != "example.com/v1" || w.Kind != "Widget" || w.Metadata.Labels["app"] != "kubectl" {
+		// kubectl reads the version discovery prefers, v2 (the
+		// conversion webhook's work).
+		if w.APIVersion != "example.com/v2" || w.Kind != "Widget" || w.Metadata.Labels["app"] != "kubectl" {
 			t.Errorf("the applied widget as the pod sees it: %s", got)
 		}
 		for _, mf := range w.Metadata.ManagedFields {
-			if mf.APIVersion != "example.com/v1" {
+			if !strings.HasPrefix(mf.APIVersion, "example.com/") {
 				t.Errorf("managedFields of %s name %s", mf.Manager, mf.APIVersion)
 			}
 		}
@@ -204,7 +213,7 @@ func TestRewriting(t *testing.T) {
 			t.Errorf("kube-apiserver holds: %s %s labels %v", stored.GetAPIVersion(), stored.GetKind(), stored.GetLabels())
 		}
 		for _, mf := range stored.GetManagedFields() {
-			if mf.APIVersion != "renamed.example.io/v1" {
+			if !strings.HasPrefix(mf.APIVersion, "renamed.example.io/") {
 				t.Errorf("stored managedFields of %s name %s", mf.Manager, mf.APIVersion)
 			}
 		}

@@ -222,7 +222,16 @@ func (f *Filter) renameRequest(r *http.Request, rw *rewrite.Rewriter) (*http.Req
 	if int64(len(body)) > f.maxBody {
 		return nil, apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("limit is %d bytes", f.maxBody))
 	}
-	renamed, st := renameBody(rw, r, body)
+	if isProtobuf(r.Header.Get("Content-Type")) {
+		j, err := protobufToJSON(body)
+		if err != nil {
+			return nil, newStatusError(http.StatusUnsupportedMediaType, metav1.StatusReasonUnsupportedMediaType,
+				fmt.Sprintf("rewrite profile %s could not read the protobuf request body as a built-in object (%v); send JSON", rw.Name(), err))
+		}
+		body = j
+		out.Header.Set("Content-Type", "application/json")
+	}
+	renamed, st := renameBody(rw, out, body)
 	if st != nil {
 		return nil, st
 	}

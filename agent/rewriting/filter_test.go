@@ -2,6 +2,7 @@ package rewriting
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -14,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/serializer/protobuf"
 	"k8s.io/apiserver/pkg/authentication/user"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 
 	"github.com/kube-apicache/kube-apicache/agent/apis/rewrite/v1alpha1"
 	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
@@ -403,5 +408,63 @@ func TestOnlyAPIPathsRewritten(t *testing.T) {
 		if got := apiPath(p); got != want {
 			t.Errorf("apiPath(%q) = %v", p, got)
 		}
+	}
+}
+
+// A built-in object sent in protobuf goes on as JSON, renamed.
+func TestProtobufBodyTranscoded(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	h, last := newChain(t, rev, jsonAnswer(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"c"}}`))
+	cm := &corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: "c", OwnerReferences: []metav1.OwnerReference{{APIVersion: "example.com/v1", Kind: "Widget", Name: "w", UID: "u"}}}}
+	var buf bytes.Buffer
+	if err := protobuf.NewSerializer(clientgoscheme.Scheme, clientgoscheme.Scheme).Encode(cm, &buf); err != nil {
+		t.Fatal(err)
+	}
+	w := do(t, h, "POST", "/api/v1/namespaces/ns/configmaps", op, "application/vnd.kubernetes.protobuf, application/json", "application/vnd.kubernetes.protobuf", buf.String())
+	if w.Code != 200 {
+		t.Fatalf("%d %s", w.Code, w.Body)
+	}
+	s := last()
+	if s.contentType != "application/json" || !strings.Contains(s.body, `"ownerReferences":[{"apiVersion":"renamed.example.io/v1","kind":"RenamedWidget"`) {
+		t.Errorf("upstream got %q:\n%s", s.contentType, s.body)
+	}
+}
+
+// A watch's headers reach the client when the watch starts, before any
+// event: clients wait for them.
+func TestWatchHeadersBeforeFirstEvent(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	release := make(chan struct{})
+	h, _ := newChain(t, rev, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(200)
+		http.NewResponseController(w).Flush()
+		<-release
+	})
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	defer close(release)
+	req, _ := http.NewRequest("GET", srv.URL+"/apis/example.com/v1/widgets?watch=1", nil)
+	req.Header.Set("Authorization", "Bearer "+op)
+	done := make(chan error, 1)
+	go func() {
+		resp, err := srv.Client().Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch's headers did not reach the client before its first event")
 	}
 }

@@ -106,6 +106,10 @@ func (s *response) WriteHeader(code int) {
 		s.restoreWarnings()
 		s.w.Header().Del("Content-Length")
 		s.w.WriteHeader(code)
+		// The headers go now, as kube-apiserver sends them when a watch
+		// starts: a client waits for them before the first event. From
+		// here on only the pump touches w.
+		_ = http.NewResponseController(s.w).Flush()
 		pr, pw := io.Pipe()
 		s.pw, s.done = pw, make(chan struct{})
 		go s.pump(pr)
