@@ -10,6 +10,8 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -61,9 +63,24 @@ type formCase struct {
 // kube-apiserver.
 const uaForms = "kube-apicache-e2e/forms/"
 
+// idleRewriteProfile selects a ServiceAccount no test has: with it the
+// rewriting is in the agent's chain, for callers it leaves alone.
+const idleRewriteProfile = `apiVersion: config.kube-apicache.io/v1alpha1
+kind: RewriteConfiguration
+profiles:
+- name: elsewhere
+  selector:
+    serviceAccounts: [e2e-rewrite-none/nobody]
+  groups:
+  - from: e2e.kube-apicache.io
+    to: forms.rewrite.e2e.example.net
+  kindPrefix: Elsewhere
+`
+
 // TestDifferentialForms is the request-forms scenario.
 //
-// Given an agent whose cache has synced, and a pod allowed to get, list and
+// Given an agent whose cache has synced, with a rewrite profile that
+// selects another ServiceAccount, and a pod allowed to get, list and
 // watch the objects it caches,
 // when the pod sends the same request through the agent and directly with
 // the same token, in every Accept form a client may send (plain, weighted,
@@ -95,7 +112,14 @@ func TestDifferentialForms(t *testing.T) {
 	if err := reader.WaitAllowed(ctx, "watch", "services"); err != nil {
 		t.Fatal(err)
 	}
-	agent := startAgent(t, ctx, c)
+	// The agent runs with a rewrite profile that selects someone else:
+	// every answer below is also one to a caller the rewriting does not
+	// select, which must be kube-apiserver's byte for byte.
+	idle := filepath.Join(t.TempDir(), "rewrite.yaml")
+	if err := os.WriteFile(idle, []byte(idleRewriteProfile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	agent := startAgent(t, ctx, c, "--rewrite-config="+idle)
 	waitCacheSynced(t, ctx, agent)
 	viaAgent, direct := podClients(t, c, reader)
 
