@@ -31,7 +31,19 @@ type bench struct {
 	firstNodePod string
 	// podclient is the in-pod client program, for the storm case.
 	podclient string
+	// dir is the run's temporary directory, for the files cases write
+	// (the rewrite idle case's profile).
+	dir string
 }
+
+// probeBudgetOff are the flags, beyond --profiling, the bench starts its
+// agent with. The probe budget is off: the consistent-read case measures
+// what a probe round saves at 1 to 64 readers in flight from one source,
+// hundreds of rounds a second, past the default budget's 100 rounds a
+// second for one source (docs/operations/capacity.md, "Control-plane cost
+// per node").
+var probeBudgetOff = []string{"--probe-objects-per-second=-1", "--probe-objects-per-second-per-source=-1",
+	"--probes-per-second=-1", "--probes-per-second-per-source=-1"}
 
 // result is one case measured along one path.
 type result struct {
@@ -72,12 +84,7 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 	logf("starting the agent")
 	// --profiling lets the bench read the agent's live heap after a
 	// forced collection (and take CPU profiles with -agent-profile).
-	// The probe budget is off: the consistent-read case measures what a
-	// probe round saves at 1 to 64 readers in flight from one source,
-	// hundreds of rounds a second, past the default budget's 100 rounds
-	// a second for one source (docs/operations/capacity.md, "Control-plane cost per node").
-	extra := []string{"--profiling", "--probe-objects-per-second=-1", "--probe-objects-per-second-per-source=-1",
-		"--probes-per-second=-1", "--probes-per-second-per-source=-1"}
+	extra := append([]string{"--profiling"}, probeBudgetOff...)
 	if b.agent, err = c.StartAgent(ctx, pod, agentBin, c.AgentArgs(certFile, keyFile, extra...)...); err != nil {
 		return err
 	}
@@ -320,6 +327,23 @@ func (b *bench) run(ctx context.Context, agentBin string) error {
 			InterceptMed: msOf(v.median(v.intercepting)), InterceptMax: msOf(v.intercepting[len(v.intercepting)-1]),
 			TargetMs: msOf(coldStartTarget), CSRsIssued: v.csrs,
 		})
+	}
+	// and what rewrite profiles cost the callers they do not select, as
+	// it replaces the agent between blocks (and leaves it as the bench
+	// started it). It runs after every case that reads through the
+	// bench's agent, and before the rule sync, which leaves kube-proxy's
+	// rules for 10,000 Services in the node's nat table.
+	rewrite, err := b.rewriteIdle(ctx, m, agentBin)
+	if err != nil {
+		// What was measured before is kept.
+		if werr := ch.write(benchplot.Dir(*outDir), rep); werr != nil {
+			logf("%v", werr)
+		}
+		return fmt.Errorf("%s: %w", rewriteIdleCase, err)
+	}
+	if rewrite != nil {
+		rewrite.print()
+		rewrite.report(rep, ch)
 	}
 	// Last, as it replaces the agent: the rule sync on a large nat table.
 	if b.o.natServices > 0 && b.o.cases.MatchString("nat sync") {

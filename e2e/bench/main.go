@@ -20,7 +20,10 @@
 //     until a resourceVersion=0 read and an informer see it, through the
 //     agent against direct;
 //   - cold start (coldstart.go): an agent's start to ready with the
-//     cluster full, with a certificate file and through the CSR API.
+//     cluster full, with a certificate file and through the CSR API;
+//   - rewrite idle (rewrite.go): what an agent's rewrite profiles cost
+//     the callers they do not select, through an agent with a profile
+//     against one without.
 //
 // It asserts nothing: it prints what it measured, and writes every figure
 // to a results file (JSON) and latency CDFs and the storm's timeline as
@@ -155,6 +158,6 @@ func run(ctx context.Context, o options) error {
 			return nil
 		}
 	}
-	b := &bench{o: o, c: c, podclient: bins.PodClient}
+	b := &bench{o: o, c: c, podclient: bins.PodClient, dir: tmp}
 	return b.run(ctx, bins.Agent)
 }

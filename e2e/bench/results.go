@@ -42,6 +42,7 @@ type (
 		Idle       *idleJSON        `json:"idle,omitempty"`
 		Sizing     *sizingJSON      `json:"sizing,omitempty"`
 		NATSync    *natSyncJSON     `json:"natSync,omitempty"`
+		Rewrite    *rewriteIdleJSON `json:"rewriteIdle,omitempty"`
 	}
 	idleJSON struct {
 		TookMs   float64            `json:"windowMs"`
@@ -165,6 +166,32 @@ type (
 		AgentCPUPerK   float64         `json:"agentCPUSecondsPer1000"`
 		RequestsAgent  int             `json:"requestsAgent"`
 		RequestsDirect int             `json:"requestsDirect"`
+	}
+	// rewriteRequestJSON is one request of the rewrite idle case through
+	// the agent without profiles and the one with.
+	rewriteRequestJSON struct {
+		Request       string    `json:"request"`
+		Path          string    `json:"path"`
+		Cached        bool      `json:"cached"`
+		WithoutP50    float64   `json:"withoutProfilesP50ms"`
+		WithoutP99    float64   `json:"withoutProfilesP99ms"`
+		WithP50       float64   `json:"withProfilesP50ms"`
+		WithP99       float64   `json:"withProfilesP99ms"`
+		P50Ratio      float64   `json:"p50Ratio"`
+		P99Ratio      float64   `json:"p99Ratio"`
+		BlocksWithout []float64 `json:"blockP50msWithoutProfiles"`
+		BlocksWith    []float64 `json:"blockP50msWithProfiles"`
+		CPUPerKNone   float64   `json:"agentCPUSecondsPer1000WithoutProfiles"`
+		CPUPerKWith   float64   `json:"agentCPUSecondsPer1000WithProfiles"`
+		Errors        [2]int    `json:"errorsWithoutWith"`
+	}
+	rewriteIdleJSON struct {
+		PerRequest int                  `json:"requestsPerRequestAndAgent"`
+		Blocks     int                  `json:"blocksPerAgent"`
+		Inflight   int                  `json:"inflight"`
+		Selects    string               `json:"profileSelects"`
+		Requests   []rewriteRequestJSON `json:"requests"`
+		P50Target  float64              `json:"p50RatioTarget"`
 	}
 	distJSON struct {
 		AgentP50  float64 `json:"agentP50ms"`
@@ -406,6 +433,29 @@ func (w *writesResult) report(r *report, c *charts) {
 		c.cdf(writesCase+", "+verb, map[string][]time.Duration{"agent": w.agent.latencies[verb], "direct": w.direct.latencies[verb]})
 	}
 	r.Writes = j
+}
+
+// report adds the rewrite idle case, if it ran, to the results and its
+// CDFs, one per request, to the charts.
+func (w *rewriteIdleResult) report(r *report, c *charts) {
+	if w == nil {
+		return
+	}
+	j := &rewriteIdleJSON{PerRequest: w.perRequest, Blocks: w.blocks, Inflight: w.inflight, Selects: rewriteProfileSelects, P50Target: rewriteP50Target}
+	for _, rq := range w.requests {
+		none, with := w.without.latencies[rq.name], w.with.latencies[rq.name]
+		// The agent with profiles in distOf's agent place, the one
+		// without in its direct place.
+		d := distOf(with, none)
+		j.Requests = append(j.Requests, rewriteRequestJSON{Request: rq.name, Path: rq.path, Cached: rq.cached,
+			WithoutP50: d.DirP50, WithoutP99: d.DirP99, WithP50: d.AgentP50, WithP99: d.AgentP99, P50Ratio: d.P50Ratio, P99Ratio: d.P99Ratio,
+			BlocksWithout: msAll(w.without.blockP50s[rq.name]), BlocksWith: msAll(w.with.blockP50s[rq.name]),
+			CPUPerKNone: perK(w.without.agentS[rq.name], w.without.requests[rq.name]),
+			CPUPerKWith: perK(w.with.agentS[rq.name], w.with.requests[rq.name]),
+			Errors:      [2]int{w.without.errors[rq.name], w.with.errors[rq.name]}})
+		c.cdf(rewriteIdleCase+", "+rq.name, map[string][]time.Duration{"without profiles": none, "with profiles": with})
+	}
+	r.Rewrite = j
 }
 
 // report adds the staleness case, if it ran, to the results and its CDF

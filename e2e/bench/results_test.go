@@ -39,8 +39,15 @@ func TestResultsFile(t *testing.T) {
 	(&stalenessResult{agent: ms(1, 2), direct: ms(1, 1), staleAgent: 1, watch: lat}).report(rep, ch)
 	(&idleResult{took: time.Minute, requests: map[string]int{"agent get pods": 1}}).report(rep)
 	(&sizingResult{n: 1, perService: 900}).report(rep)
+	rw := &rewriteIdleResult{perRequest: 2, blocks: 1, inflight: 1, requests: []rewriteRequest{{name: "get configmap (forwarded)", path: "/api/v1/x"}},
+		without: newRewriteSide(), with: newRewriteSide()}
+	rw.without.latencies["get configmap (forwarded)"], rw.with.latencies["get configmap (forwarded)"] = ms(2, 4, 4), ms(2, 4, 5)
+	rw.without.blockP50s["get configmap (forwarded)"], rw.with.blockP50s["get configmap (forwarded)"] = ms(2), ms(2)
+	rw.report(rep, ch)
 	var nilWrites *writesResult
 	nilWrites.report(rep, ch) // a case that did not run adds nothing
+	var nilRewrite *rewriteIdleResult
+	nilRewrite.report(rep, ch)
 
 	dir := benchplot.Dir(t.TempDir())
 	if err := ch.write(dir, rep); err != nil {
@@ -54,7 +61,7 @@ func TestResultsFile(t *testing.T) {
 	if err := json.Unmarshal(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{"date", "commit", "machine", "setup", "reads", "writes", "staleness", "watchEventLatency", "idle", "sizing"} {
+	for _, key := range []string{"date", "commit", "machine", "setup", "reads", "writes", "staleness", "watchEventLatency", "idle", "sizing", "rewriteIdle"} {
 		if _, ok := got[key]; !ok {
 			t.Errorf("results file has no %q: %s", key, b)
 		}
@@ -67,7 +74,10 @@ func TestResultsFile(t *testing.T) {
 	if r := got["writes"].(map[string]any)["verbs"].([]any)[0].(map[string]any); r["verb"] != "create" || r["p50Ratio"].(float64) <= 1 {
 		t.Errorf("writes: first verb %v, want create with agent slower than direct", r)
 	}
-	for _, name := range []string{"cdf-list-node-pods-rv-0.png", "cdf-writes-delete.png", "cdf-staleness-after-a-direct-write.png", "storm-timeline.png"} {
+	if r := got["rewriteIdle"].(map[string]any)["requests"].([]any)[0].(map[string]any); r["p50Ratio"].(float64) != 1 || r["p99Ratio"].(float64) != 1.25 {
+		t.Errorf("rewriteIdle: first request %v, want p50 ratio 1 and p99 ratio 1.25 (with profiles over without)", r)
+	}
+	for _, name := range []string{"cdf-list-node-pods-rv-0.png", "cdf-writes-delete.png", "cdf-staleness-after-a-direct-write.png", "cdf-rewrite-idle-get-configmap-forwarded.png", "storm-timeline.png"} {
 		if _, err := os.Stat(filepath.Join(string(dir), name)); err != nil {
 			t.Errorf("chart: %v", err)
 		}
