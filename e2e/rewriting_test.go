@@ -86,9 +86,12 @@ var (
 // server-side from the pod,
 // then every step sees only the original names, kube-apiserver holds only
 // renamed objects (read directly), the webhooks saw only original names,
-// and the denial names the original kind.
+// the denial names the original kind, and `kubectl auth can-i` answers in
+// the original names.
 // When a ServiceAccount the profile selects but RBAC does not allow reads
 // widgets, then it gets kube-apiserver's 403, in the original names.
+// When the operator lists ConfigMaps the agent caches, then the cache
+// answers and the labels come back under their original keys.
 // When the same operator is installed again in another namespace with no
 // profile and the original CRD, then both run side by side, and the
 // unselected operator's answers through the agent are byte for byte
@@ -224,8 +227,10 @@ func TestRewriting(t *testing.T) {
 		if err == nil || !strings.Contains(errOut, "Widget bad: spec.size must not be negative") || strings.Contains(strings.ToLower(errOut), "renamed") {
 			t.Errorf("kubectl apply of a refused widget: %v\n%s", err, errOut)
 		}
-		if err := dc.Resource(renamedWidgets).Namespace(rwNS).Delete(ctx, "applied", metav1.DeleteOptions{}); err != nil {
-			t.Error(err)
+		// Access reviews are renamed too: the operator may create widgets
+		// (its Role names renamed.example.io), in its own names.
+		if out := mustKubectl(t, ctx, opA, "auth", "can-i", "create", "widgets.example.com"); strings.TrimSpace(out) != "yes" {
+			t.Errorf("kubectl auth can-i create widgets.example.com: %q, want yes", out)
 		}
 	})
 
@@ -255,6 +260,10 @@ func TestRewriting(t *testing.T) {
 		if st.Reason != metav1.StatusReasonForbidden || st.Details == nil || st.Details.Group != "example.com" || st.Details.Kind != "widgets" ||
 			!strings.Contains(st.Message, `cannot list resource "widgets" in API group "example.com"`) || strings.Contains(st.Message, "renamed") {
 			t.Errorf("the 403 through the agent: %s", got.body)
+		}
+		out, _, _ := kubectl(ctx, norights, "auth", "can-i", "list", "widgets.example.com")
+		if strings.TrimSpace(out) != "no" {
+			t.Errorf("kubectl auth can-i list widgets.example.com without rights: %q, want no", out)
 		}
 	})
 
@@ -300,6 +309,18 @@ func TestRewriting(t *testing.T) {
 			if _, err := crds.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{}); err != nil {
 				t.Errorf("CRD %s: %v", name, err)
 			}
+		}
+		// kube-apiserver holds the first install's objects renamed only,
+		// beside the second's under the original names.
+		renamed, err := dc.Resource(renamedWidgets).Namespace(rwNS).List(ctx, metav1.ListOptions{})
+		if err != nil || len(renamed.Items) != 1 || renamed.Items[0].GetName() != "applied" {
+			t.Errorf("renamed widgets in %s: %v, %v", rwNS, err, names(renamed))
+		}
+		if original, err := dc.Resource(originalWidgets).Namespace(rwNS).List(ctx, metav1.ListOptions{}); err != nil || len(original.Items) != 0 {
+			t.Errorf("original widgets in %s: %v, %v; want none", rwNS, err, names(original))
+		}
+		if err := dc.Resource(renamedWidgets).Namespace(rwNS).Delete(ctx, "applied", metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
 		}
 		if out := widgetop(t, ctx, opB, "run", "--name=b", "--timeout=3m"); !strings.Contains(out, "RESULT ok") {
 			t.Errorf("widgetop run, unselected:\n%s", out)
@@ -502,4 +523,16 @@ func writeFile(t *testing.T, path, content string) {
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// names lists the names of a list's items.
+func names(l *unstructured.UnstructuredList) []string {
+	if l == nil {
+		return nil
+	}
+	var out []string
+	for _, i := range l.Items {
+		out = append(out, i.GetName())
+	}
+	return out
 }

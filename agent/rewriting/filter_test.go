@@ -62,7 +62,7 @@ func (f *reviewer) identify(r *http.Request) (user.Info, error) {
 	return &user.DefaultInfo{Name: name}, nil
 }
 
-func testProfiles(t *testing.T) rewrite.Profiles {
+func testProfiles(t testing.TB) rewrite.Profiles {
 	t.Helper()
 	keep := ""
 	rw, err := rewrite.New(v1alpha1.RewriteProfile{
@@ -383,6 +383,10 @@ func TestUnverifiedSubject(t *testing.T) {
 		"abc":                                    "",
 		"a.b.c":                                  "",
 		"a." + strings.Repeat("x", 20000) + ".c": "",
+		// Not compact, or escaped: read with the JSON decoder.
+		"h." + base64.RawURLEncoding.EncodeToString([]byte(`{"sub" : "system:serviceaccount:a:b"}`)) + ".s":    "system:serviceaccount:a:b",
+		"h." + base64.RawURLEncoding.EncodeToString([]byte(`{"sub":"system:serviceaccount:a:\u0062"}`)) + ".s": "system:serviceaccount:a:b",
+		"h." + base64.URLEncoding.EncodeToString([]byte(`{"sub":"x"}`)) + ".s":                                 "x",
 	} {
 		if got := unverifiedSubject(tok); got != want {
 			t.Errorf("unverifiedSubject(%.20q) = %q, want %q", tok, got, want)
