@@ -104,6 +104,7 @@ var componentValues = []struct {
 	{"monitoring", map[string]any{"monitoring": map[string]any{"enabled": true}}},
 	{"pilot", map[string]any{"pilot": map[string]any{"enabled": true}}},
 	{"pre-1.36-identity", map[string]any{"pre136Identity": true}},
+	{"rewriting", map[string]any{"rewriting": map[string]any{"enabled": true}}},
 }
 
 // withoutChartEquivalent are the components the chart does not offer,
@@ -268,10 +269,11 @@ func TestValuesSchema(t *testing.T) {
 		values map[string]any
 		want   string
 	}{
-		"misspelt":        {values: map[string]any{"audit": map[string]any{"enable": true}}, want: "enable"},
-		"unknown section": {values: map[string]any{"pilots": map[string]any{"enabled": true}}, want: "pilots"},
-		"wrong type":      {values: map[string]any{"pre136Identity": "yes"}, want: "pre136Identity"},
-		"bad digest":      {values: map[string]any{"image": map[string]any{"digest": "latest"}}, want: "digest"},
+		"misspelt":               {values: map[string]any{"audit": map[string]any{"enable": true}}, want: "enable"},
+		"unknown section":        {values: map[string]any{"pilots": map[string]any{"enabled": true}}, want: "pilots"},
+		"wrong type":             {values: map[string]any{"pre136Identity": "yes"}, want: "pre136Identity"},
+		"bad digest":             {values: map[string]any{"image": map[string]any{"digest": "latest"}}, want: "digest"},
+		"rewriting as an object": {values: map[string]any{"rewriting": map[string]any{"config": map[string]any{"profiles": []any{}}}}, want: "config"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := chartutil.ToRenderValues(ch, tc.values, opts, chartutil.DefaultCapabilities)
@@ -279,5 +281,34 @@ func TestValuesSchema(t *testing.T) {
 				t.Errorf("error %v, want one naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// rewriting.config is the key rewrite.yaml of its ConfigMap as written,
+// and the drop-in points the agents at where the DaemonSet mounts it.
+func TestRewritingConfig(t *testing.T) {
+	const config = "apiVersion: config.kube-apicache.io/v1alpha1\nkind: RewriteConfiguration\nprofiles:\n- name: mine\n"
+	objs := renderChart(t, namespace, map[string]any{"rewriting": map[string]any{"enabled": true, "config": config}})
+	cm := objs["core/ConfigMap kube-apicache/kube-apicache-rewrite"]
+	if cm == nil {
+		t.Fatal("no ConfigMap kube-apicache-rewrite")
+	}
+	if diff := cmp.Diff(config, cm["data"].(map[string]any)["rewrite.yaml"]); diff != "" {
+		t.Errorf("rewrite.yaml (-want +got):\n%s", diff)
+	}
+	dropIn, _ := objs["core/ConfigMap kube-apicache/kube-apicache-config"]["data"].(map[string]any)["50-rewriting.yaml"].(string)
+	if !strings.Contains(dropIn, "configFile: /etc/kube-apicache/rewrite/rewrite.yaml") {
+		t.Errorf("50-rewriting.yaml does not name /etc/kube-apicache/rewrite/rewrite.yaml:\n%s", dropIn)
+	}
+	mounted := false
+	for _, m := range container(t, objs["apps/DaemonSet kube-apicache/kube-apicache"])["volumeMounts"].([]any) {
+		m := m.(map[string]any)
+		mounted = mounted || (m["name"] == "rewrite" && m["mountPath"] == "/etc/kube-apicache/rewrite")
+	}
+	if !mounted {
+		t.Error("the DaemonSet does not mount rewrite at /etc/kube-apicache/rewrite")
+	}
+	if objs := renderChart(t, namespace, nil); objs["core/ConfigMap kube-apicache/kube-apicache-rewrite"] != nil {
+		t.Error("the defaults render kube-apicache-rewrite")
 	}
 }

@@ -100,3 +100,20 @@ func TestDeepCopy(t *testing.T) {
 		t.Error("the copy shares the groups")
 	}
 }
+
+// TestComponentExample: the example profiles the kustomize component
+// manifests/components/rewriting ships (and the Helm chart's
+// rewriting.config default, which hack/helmtest keeps equal) decode
+// strictly and validate.
+func TestComponentExample(t *testing.T) {
+	c, err := Load("../../../../manifests/components/rewriting/rewrite.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if errs := Validate(c, nil); len(errs) > 0 {
+		t.Errorf("the example is not valid: %v", errs.ToAggregate())
+	}
+	if len(c.Profiles) != 1 || c.Profiles[0].ResourcePrefix == nil || *c.Profiles[0].ResourcePrefix != "" {
+		t.Errorf("profiles %+v, want one with resourcePrefix \"\"", c.Profiles)
+	}
+}
