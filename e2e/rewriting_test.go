@@ -149,14 +149,9 @@ func TestRewriting(t *testing.T) {
 
 	// The renamed install: widgetop serves its webhooks on 8443, and
 	// webhook-proxy, with the same certificate, on 9444 in front of it.
-	serveA := startWebhooks(t, ctx, c, opA, dir, caFile, profile)
-	webhookBase := "https://" + net.JoinHostPort(opA.IP, "9444")
+	serveA, webhooksA := startWebhooks(t, ctx, c, opA, dir, caFile, profile)
 	t.Run("InstallRenamed", func(t *testing.T) {
-		out := widgetop(t, ctx, opA, "install", "--conversion-url="+webhookBase+"/convert", "--webhook-url="+webhookBase+"/validate",
-			"--ca-file="+caFile, "--webhook-config-name=widgets-"+rwNS, "--timeout=2m")
-		if !strings.Contains(out, "INSTALLED") {
-			t.Fatalf("widgetop install:\n%s", out)
-		}
+		installWidgetop(t, ctx, opA, webhooksA, caFile)
 		// kube-apiserver holds the renamed CRD only.
 		crd, err := crds.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, "widgets.renamed.example.io", metav1.GetOptions{})
 		if err != nil {
@@ -297,14 +292,9 @@ func TestRewriting(t *testing.T) {
 	})
 
 	// The second install, under the original names, with no profile.
-	startWebhooks(t, ctx, c, opB, dir, caFile, "")
-	plainBase := "https://" + net.JoinHostPort(opB.IP, "8443")
+	_, webhooksB := startWebhooks(t, ctx, c, opB, dir, caFile, "")
 	t.Run("SecondInstallSideBySide", func(t *testing.T) {
-		out := widgetop(t, ctx, opB, "install", "--conversion-url="+plainBase+"/convert", "--webhook-url="+plainBase+"/validate",
-			"--ca-file="+caFile, "--webhook-config-name=widgets-"+rwPlainNS, "--timeout=2m")
-		if !strings.Contains(out, "INSTALLED") {
-			t.Fatalf("widgetop install (unselected):\n%s", out)
-		}
+		installWidgetop(t, ctx, opB, webhooksB, caFile)
 		for _, name := range []string{"widgets.example.com", "widgets.renamed.example.io"} {
 			if _, err := crds.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{}); err != nil {
 				t.Errorf("CRD %s: %v", name, err)
@@ -422,8 +412,9 @@ func grantOperator(t *testing.T, ctx context.Context, c *sandbox.Cluster, ns, gr
 // startWebhooks starts widgetop's webhook server in pod on 8443 with a
 // certificate of the cluster CA for the pod's IP and loopback, and, with a
 // rewrite profile file, webhook-proxy on 9444 in front of it. It returns
-// the webhook server's process.
-func startWebhooks(t *testing.T, ctx context.Context, c *sandbox.Cluster, pod *sandbox.Pod, dir, caFile, profile string) *sandbox.Process {
+// the webhook server's process and the base URL kube-apiserver calls the
+// webhooks at.
+func startWebhooks(t *testing.T, ctx context.Context, c *sandbox.Cluster, pod *sandbox.Pod, dir, caFile, profile string) (*sandbox.Process, string) {
 	t.Helper()
 	kp, err := c.CA.Issue(sandbox.CertSpec{CommonName: pod.Spec.Name + "." + pod.Spec.Namespace, IPs: []net.IP{net.ParseIP(pod.IP), net.ParseIP("127.0.0.1")}, Server: true})
 	if err != nil {
@@ -440,7 +431,7 @@ func startWebhooks(t *testing.T, ctx context.Context, c *sandbox.Cluster, pod *s
 	stopOnCleanup(t, serve, "widgetop serve in "+pod.Spec.Namespace, 60, 5*time.Second)
 	waitListening(t, ctx, pod, "8443")
 	if profile == "" {
-		return serve
+		return serve, "https://" + net.JoinHostPort(pod.IP, "8443")
 	}
 	proxy, err := pod.Start(agentBin, "webhook-proxy", "--listen=0.0.0.0:9444", "--tls-cert-file="+certFile, "--tls-private-key-file="+keyFile,
 		"--backend=https://127.0.0.1:8443", "--backend-ca-file="+caFile, "--rewrite-config="+profile, "--profile=widgets")
@@ -449,7 +440,19 @@ func startWebhooks(t *testing.T, ctx context.Context, c *sandbox.Cluster, pod *s
 	}
 	stopOnCleanup(t, proxy, "webhook-proxy in "+pod.Spec.Namespace, 60, 5*time.Second)
 	waitListening(t, ctx, pod, "9444")
-	return serve
+	return serve, "https://" + net.JoinHostPort(pod.IP, "9444")
+}
+
+// installWidgetop runs widgetop's install in pod: its CRD and its
+// validating webhook configuration (named after the pod's namespace),
+// calling the webhooks at base.
+func installWidgetop(t *testing.T, ctx context.Context, pod *sandbox.Pod, base, caFile string) {
+	t.Helper()
+	out := widgetop(t, ctx, pod, "install", "--conversion-url="+base+"/convert", "--webhook-url="+base+"/validate",
+		"--ca-file="+caFile, "--webhook-config-name=widgets-"+pod.Spec.Namespace, "--timeout=2m")
+	if !strings.Contains(out, "INSTALLED") {
+		t.Fatalf("widgetop install in %s:\n%s", pod.Spec.Namespace, out)
+	}
 }
 
 // waitListening waits until something accepts connections on port at the

@@ -128,38 +128,11 @@ func (m *measurer) measure(ctx context.Context, bc benchCase, viaAgent bool) (re
 	apiBefore, agentBefore := m.cpu(m.apiserverPIDs...), m.cpu(m.agentPID)
 
 	n := m.b.o.requests
-	durations := make([]time.Duration, 0, n)
-	var (
-		mu     sync.Mutex
-		errs   int
-		lastEr error
-		wg     sync.WaitGroup
-	)
-	next := make(chan struct{})
 	inflight := m.b.o.inflight
 	if bc.inflight > 0 {
 		inflight = bc.inflight
 	}
-	for range inflight {
-		wg.Go(func() {
-			for range next {
-				d, err := get(ctx)
-				mu.Lock()
-				if err != nil {
-					errs++
-					lastEr = err
-				} else {
-					durations = append(durations, d)
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	for i := 0; i < n && ctx.Err() == nil; i++ {
-		next <- struct{}{}
-	}
-	close(next)
-	wg.Wait()
+	durations, errs, lastEr := sendAll(ctx, get, n, inflight)
 	if ctx.Err() != nil {
 		return result{}, ctx.Err()
 	}
@@ -258,4 +231,38 @@ func fileSize(path string) (int64, error) {
 		return 0, err
 	}
 	return fi.Size(), nil
+}
+
+// sendAll sends n requests with get, inflight at a time, and returns the
+// latencies of those that succeeded, the errors and the last of them.
+func sendAll(ctx context.Context, get func(context.Context) (time.Duration, error), n, inflight int) ([]time.Duration, int, error) {
+	var (
+		mu      sync.Mutex // protects the fields below
+		durs    = make([]time.Duration, 0, n)
+		errs    int
+		lastErr error
+		wg      sync.WaitGroup
+	)
+	next := make(chan struct{})
+	for range inflight {
+		wg.Go(func() {
+			for range next {
+				d, err := get(ctx)
+				mu.Lock()
+				if err != nil {
+					errs++
+					lastErr = err
+				} else {
+					durs = append(durs, d)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	for i := 0; i < n && ctx.Err() == nil; i++ {
+		next <- struct{}{}
+	}
+	close(next)
+	wg.Wait()
+	return durs, errs, lastErr
 }

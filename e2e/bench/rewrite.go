@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -301,40 +300,6 @@ func (b *bench) checkRewriteBlock(ctx context.Context, reqs []rewriteRequest, se
 		return fmt.Errorf("the agent rewrote %.0f requests: its profile selects a caller of the bench", got)
 	}
 	return nil
-}
-
-// sendAll sends n requests with get, inflight at a time, and returns the
-// latencies of those that succeeded, the errors and the last of them.
-func sendAll(ctx context.Context, get func(context.Context) (time.Duration, error), n, inflight int) ([]time.Duration, int, error) {
-	var (
-		mu      sync.Mutex // protects the fields below
-		durs    = make([]time.Duration, 0, n)
-		errs    int
-		lastErr error
-		wg      sync.WaitGroup
-	)
-	next := make(chan struct{})
-	for range inflight {
-		wg.Go(func() {
-			for range next {
-				d, err := get(ctx)
-				mu.Lock()
-				if err != nil {
-					errs++
-					lastErr = err
-				} else {
-					durs = append(durs, d)
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	for i := 0; i < n && ctx.Err() == nil; i++ {
-		next <- struct{}{}
-	}
-	close(next)
-	wg.Wait()
-	return durs, errs, lastErr
 }
 
 func (r *rewriteIdleResult) print() {
