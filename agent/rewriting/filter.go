@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 
+	"golang.org/x/sync/semaphore"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -27,8 +28,13 @@ const (
 	DefaultMaxRequestBodyBytes = 3 << 20
 	// DefaultMaxResponseBytes bounds a whole answer held for rewriting
 	// (lists; watches stream event by event). Lists past it should be
-	// paginated, as informers do.
-	DefaultMaxResponseBytes = 128 << 20
+	// paginated, as informers and kubectl do (500 objects a page).
+	DefaultMaxResponseBytes = 32 << 20
+	// DefaultMaxHeldBytes bounds what the rewriting holds at once.
+	DefaultMaxHeldBytes = 256 << 20
+	// decodeFactor is what decoding JSON into maps costs, per byte of
+	// JSON, roughly: the budget counts a body this many times.
+	decodeFactor = 8
 )
 
 // Identify tells who a request's bearer token belongs to, as
@@ -46,6 +52,11 @@ type Options struct {
 	// caller's request makes the agent hold (defaults above).
 	MaxRequestBodyBytes int64
 	MaxResponseBytes    int64
+	// MaxHeldBytes bounds what all selected callers' requests make the
+	// agent hold at once for rewriting: bodies read and answers held, each
+	// counted with what decoding it costs (decodeFactor). Past it, a
+	// request gets 429 and an answer 503, both with Retry-After.
+	MaxHeldBytes int64
 	// Metrics counts the filter's requests; nil: not counted.
 	Metrics *Metrics
 }
@@ -57,8 +68,12 @@ type Filter struct {
 	identify    Identify
 	maxBody     int64
 	maxResponse int64
-	memos       map[*rewrite.Rewriter]*memo
+	memos       map[*rewrite.Rewriter]*memos
 	metrics     *Metrics
+	// budget bounds the bytes held for rewriting at once, across callers;
+	// held is its capacity.
+	budget *semaphore.Weighted
+	held   int64
 }
 
 // New returns the filter of o.
@@ -71,7 +86,7 @@ func New(o Options) (*Filter, error) {
 		identify:    o.Identify,
 		maxBody:     o.MaxRequestBodyBytes,
 		maxResponse: o.MaxResponseBytes,
-		memos:       map[*rewrite.Rewriter]*memo{},
+		memos:       map[*rewrite.Rewriter]*memos{},
 		metrics:     o.Metrics,
 	}
 	if f.maxBody <= 0 {
@@ -81,8 +96,13 @@ func New(o Options) (*Filter, error) {
 		f.maxResponse = DefaultMaxResponseBytes
 	}
 	for _, p := range o.Profiles {
-		f.memos[p] = newMemo(defaultMemoBytes)
+		f.memos[p] = &memos{objects: newMemo(defaultMemoBytes), events: newMemo(defaultMemoBytes)}
 	}
+	f.held = o.MaxHeldBytes
+	if f.held <= 0 {
+		f.held = DefaultMaxHeldBytes
+	}
+	f.budget = semaphore.NewWeighted(f.held)
 	return f, nil
 }
 
@@ -97,9 +117,10 @@ func (f *Filter) Wrap(next http.Handler) http.Handler {
 	}
 	renamed := apihttp.WithRequestInfo(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !apiPath(r.URL.Path) {
-			// /version, health, metrics and OpenAPI documents carry no
-			// object of a renamed group: they pass for everyone.
+		if !apiPath(r.URL.Path) || untouched(r) {
+			// /version, health and metrics carry no API names; the
+			// OpenAPI documents, proxies, logs and streams are passed
+			// as they are (docs/concepts/rewriting.md).
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -113,6 +134,23 @@ func (f *Filter) Wrap(next http.Handler) http.Handler {
 			f.serve(w, r, rw, renamed)
 		}
 	})
+}
+
+// untouchedSubresources carry no API names, or carry bytes a pod chose:
+// a proxy's answer, logs, exec, attach and port-forward streams. They are
+// long-running, outside the request timeout and in-flight bounds, so
+// holding their bodies for a rewrite would let a pod make the agent hold
+// what it pleases.
+var untouchedSubresources = map[string]bool{"proxy": true, "log": true, "exec": true, "attach": true, "portforward": true}
+
+// untouched says whether r is a request the filter leaves as it is for
+// every caller.
+func untouched(r *http.Request) bool {
+	info, ok := request.RequestInfoFrom(r.Context())
+	if !ok || !info.IsResourceRequest {
+		return false
+	}
+	return info.Verb == "proxy" || untouchedSubresources[info.Subresource]
 }
 
 // apiPath says whether path is under /api or /apis, the paths of API
@@ -166,6 +204,9 @@ func (f *Filter) serve(w http.ResponseWriter, r *http.Request, rw *rewrite.Rewri
 	out, status := f.renameRequest(r, rw)
 	if status != nil {
 		f.metrics.request(profile, outcomeRefused)
+		if status.ErrStatus.Code == http.StatusTooManyRequests {
+			w.Header().Set("Retry-After", "1")
+		}
 		apihttp.WriteStatus(w, r, status)
 		return
 	}
@@ -176,7 +217,7 @@ func (f *Filter) serve(w http.ResponseWriter, r *http.Request, rw *rewrite.Rewri
 		next.ServeHTTP(w, out)
 		return
 	}
-	rec := newResponse(w, out, rw, f.memos[rw], f.maxResponse)
+	rec := newResponse(w, out, rw, f.memos[rw], f.maxResponse, f.budget)
 	completed := false
 	defer func() {
 		rec.end(completed)
@@ -215,6 +256,14 @@ func (f *Filter) renameRequest(r *http.Request, rw *rewrite.Rewriter) (*http.Req
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return out, nil
 	}
+	est := f.maxBody
+	if r.ContentLength > 0 && r.ContentLength < est {
+		est = r.ContentLength
+	}
+	if !f.budget.TryAcquire(est * decodeFactor) {
+		return nil, apierrors.NewTooManyRequests("the node's agent is rewriting too many requests at once; retry", 1)
+	}
+	defer f.budget.Release(est * decodeFactor)
 	body, err := io.ReadAll(io.LimitReader(r.Body, f.maxBody+1))
 	if err != nil {
 		return nil, apierrors.NewBadRequest(fmt.Sprintf("reading the request body: %v", err))
@@ -249,6 +298,10 @@ func renameBody(rw *rewrite.Rewriter, r *http.Request, body []byte) ([]byte, *ap
 		return body, nil
 	}
 	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		// kube-apiserver reads a body without a Content-Type as JSON.
+		ct = "application/json"
+	}
 	target := patchTarget(r)
 	var out []byte
 	var err error

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -470,5 +471,114 @@ func TestWatchHeadersBeforeFirstEvent(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the watch's headers did not reach the client before its first event")
+	}
+}
+
+// Protobuf bodies nested past the bound, or with too many fields, are
+// refused before they are decoded.
+func TestProtobufBombsRefused(t *testing.T) {
+	// A CRD whose schema nests "not" (field 28 of JSONSchemaProps) deeply.
+	nested := []byte{}
+	for range 200 {
+		nested = append(append([]byte{0xe2, 0x01}, uvarint(len(nested))...), nested...)
+	}
+	if _, err := protobufToJSON(append([]byte("k8s\x00"), nested...)); err == nil {
+		t.Error("a body nested 200 deep was decoded")
+	}
+	// Many empty repeated elements.
+	many := bytes.Repeat([]byte{0x12, 0x00}, maxProtobufFields+1)
+	if _, err := protobufToJSON(append([]byte("k8s\x00"), many...)); err == nil {
+		t.Error("a body of too many fields was decoded")
+	}
+	work := maxProtobufFields
+	if !withinBounds([]byte("k8s\x00\x0a\x05hello\x12\x03\x08\x96\x01"), 0, &work) {
+		t.Error("a small ordinary message was refused")
+	}
+}
+
+func uvarint(n int) []byte {
+	var b [10]byte
+	return b[:binary.PutUvarint(b[:], uint64(n))]
+}
+
+// Proxies, logs and exec pass as they are, for every caller: their bytes
+// are a pod's, and they are not bounded as other requests are.
+func TestStreamsAndProxiesUntouched(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	h, last := newChain(t, rev, jsonAnswer(renamedWidget))
+	for _, p := range []string{
+		"/api/v1/namespaces/ns/pods/p/proxy/apis/example.com",
+		"/api/v1/namespaces/ns/services/s:80/proxy/x",
+		"/api/v1/namespaces/ns/pods/p/log",
+		"/api/v1/namespaces/ns/pods/p/exec?command=ls",
+	} {
+		w := do(t, h, "GET", p, op, "application/vnd.kubernetes.protobuf", "", "")
+		if last().path != strings.SplitN(p, "?", 2)[0] || last().accept != "application/vnd.kubernetes.protobuf" || w.Body.String() != renamedWidget+"\n" {
+			t.Errorf("%s was rewritten: %+v", p, last())
+		}
+	}
+	if rev.calls != 0 {
+		t.Errorf("%d reviews for requests that are never rewritten", rev.calls)
+	}
+}
+
+// An answer past the size bound becomes a 500 Status, not a reset; an
+// answer the budget has no room for becomes a 503.
+func TestAnswerBounds(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	big := func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		for range 64 {
+			_, _ = io.WriteString(w, strings.Repeat(" ", 1024))
+		}
+		_, _ = io.WriteString(w, renamedWidget)
+	}
+	for _, c := range []struct {
+		name string
+		o    Options
+		code int
+	}{
+		{"too large", Options{MaxResponseBytes: 32 << 10}, 500},
+		{"no room", Options{MaxHeldBytes: 16 << 10}, 503},
+		{"fits", Options{}, 200},
+	} {
+		c.o.Profiles, c.o.Identify = testProfiles(t), rev.identify
+		f, err := New(c.o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := apihttp.WithRequestInfo(f.Wrap(http.HandlerFunc(big)))
+		w := do(t, h, "GET", "/apis/example.com/v1/namespaces/ns/widgets/w", op, "", "", "")
+		if w.Code != c.code || strings.Contains(w.Body.String(), "renamed.example.io") {
+			t.Errorf("%s: %d %.200s", c.name, w.Code, w.Body)
+		}
+		if f.budget.TryAcquire(f.held) {
+			f.budget.Release(f.held)
+		} else {
+			t.Errorf("%s: the answer kept part of the budget", c.name)
+		}
+	}
+}
+
+// The same bytes as a whole answer and as a watch event are two rewrites:
+// one memo never answers for the other.
+func TestMemoKeepsObjectsAndEventsApart(t *testing.T) {
+	rw := testProfiles(t)[0]
+	m := &memos{objects: newMemo(1 << 20), events: newMemo(1 << 20)}
+	ev := []byte(`{"type":"ADDED","object":` + renamedWidget + `}`)
+	obj, err := m.objects.do(ev, rw.ObjectJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := m.events.do(ev, rw.WatchEventJSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(got) == string(obj) || strings.Contains(string(got), "renamed.example.io") {
+		t.Errorf("the event came from the objects' memo: %s", got)
 	}
 }

@@ -5,7 +5,14 @@ import (
 	"sync"
 )
 
-// defaultMemoBytes bounds each profile's memo.
+// memos are a profile's memos: rewritten objects (whole answers) and
+// rewritten watch events apart, since the same bytes are rewritten
+// differently as one or the other.
+type memos struct {
+	objects, events *memo
+}
+
+// defaultMemoBytes bounds each of a profile's memos.
 const defaultMemoBytes = 32 << 20
 
 // memo keeps the rewritten form of recent objects and events of one

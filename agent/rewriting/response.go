@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sync/semaphore"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/yaml"
@@ -43,19 +44,25 @@ const memoMaxObjectBytes = 256 << 10
 // response is the ResponseWriter next writes a selected caller's answer
 // to. It restores the answer before the caller sees any of it.
 type response struct {
-	w    http.ResponseWriter
-	req  *http.Request
-	rw   *rewrite.Rewriter
-	memo *memo
-	max  int64
+	w     http.ResponseWriter
+	req   *http.Request
+	rw    *rewrite.Rewriter
+	memos *memos
+	max   int64
+	// budget is the filter's bound on held bytes; held is what this
+	// answer took of it.
+	budget *semaphore.Weighted
+	held   int64
 
 	wroteHeader bool
 	code        int
 	mode        mode
 	contentType string
 
-	buf      bytes.Buffer
-	overflow bool
+	buf bytes.Buffer
+	// overflow: the answer passed max; busy: the budget had no room for
+	// it. Either way what follows is dropped and end answers an error.
+	overflow, busy bool
 
 	pw   *io.PipeWriter
 	done chan struct{}
@@ -65,8 +72,25 @@ type response struct {
 	failed, passed bool
 }
 
-func newResponse(w http.ResponseWriter, req *http.Request, rw *rewrite.Rewriter, m *memo, max int64) *response {
-	return &response{w: w, req: req, rw: rw, memo: m, max: max}
+func newResponse(w http.ResponseWriter, req *http.Request, rw *rewrite.Rewriter, m *memos, max int64, budget *semaphore.Weighted) *response {
+	return &response{w: w, req: req, rw: rw, memos: m, max: max, budget: budget}
+}
+
+// take takes n bytes of the budget for this answer, if there is room.
+func (s *response) take(n int64) bool {
+	if !s.budget.TryAcquire(n) {
+		return false
+	}
+	s.held += n
+	return true
+}
+
+// release gives back what the answer took of the budget.
+func (s *response) release() {
+	if s.held > 0 {
+		s.budget.Release(s.held)
+		s.held = 0
+	}
 }
 
 // Header implements http.ResponseWriter.
@@ -90,11 +114,16 @@ func (s *response) WriteHeader(code int) {
 		if code == http.StatusOK && apihttp.IsWatch(s.req) {
 			s.mode = modeStream
 		}
-	case mediaYAML:
+	case mediaYAML, mediaOther:
+		// Other types are held and read as JSON, or refused: nothing
+		// the rewriter cannot read reaches a selected caller.
 		s.mode = modeBuffer
 	case mediaBinary:
 		s.mode = modeRefuse
-	default:
+	case mediaText:
+		s.mode = modePass
+	}
+	if s.req.Method == http.MethodHead {
 		s.mode = modePass
 	}
 	switch s.mode {
@@ -129,10 +158,22 @@ func (s *response) Write(b []byte) (int, error) {
 	case modeRefuse:
 		return len(b), nil
 	}
+	if s.overflow || s.busy {
+		return len(b), nil
+	}
 	if int64(s.buf.Len()+len(b)) > s.max {
+		// The rest is dropped, not refused: the handler ends normally
+		// and end answers the error.
 		s.overflow = true
-		s.buf.Reset()
-		return 0, fmt.Errorf("the answer is larger than the %d bytes the agent rewrites", s.max)
+		s.buf = bytes.Buffer{}
+		s.release()
+		return len(b), nil
+	}
+	if !s.take(int64(len(b))) {
+		s.busy = true
+		s.buf = bytes.Buffer{}
+		s.release()
+		return len(b), nil
 	}
 	return s.buf.Write(b)
 }
@@ -151,6 +192,7 @@ func (s *response) Flush() {
 // end finishes the answer once next has returned: a held body is
 // rewritten and written, a stream's pump ends.
 func (s *response) end(completed bool) {
+	defer s.release()
 	if s.mode == modeStream && s.pw != nil {
 		if completed {
 			_ = s.pw.Close()
@@ -169,6 +211,11 @@ func (s *response) end(completed bool) {
 	}
 	if s.overflow {
 		s.fail(fmt.Errorf("the answer is larger than the %d bytes rewrite profile %s rewrites at once; ask for it in pages (limit and continue)", s.max, s.rw.Name()))
+		return
+	}
+	if s.busy || !s.take(int64(s.buf.Len())*decodeFactor) {
+		s.busy = true
+		s.failBusy()
 		return
 	}
 	body, err := s.plainBody()
@@ -226,7 +273,7 @@ func (s *response) restore(body []byte) ([]byte, error) {
 	var out []byte
 	var err error
 	if len(body) <= memoMaxObjectBytes {
-		out, err = s.memo.do(body, s.rw.ObjectJSON)
+		out, err = s.memos.objects.do(body, s.rw.ObjectJSON)
 	} else {
 		out, err = s.rw.ObjectJSON(body)
 	}
@@ -249,6 +296,17 @@ func (s *response) fail(err error) {
 	apihttp.WriteStatus(s.w, s.req, apierrors.NewInternalError(err))
 }
 
+// failBusy answers 503 in place of an answer the budget has no room to
+// rewrite now.
+func (s *response) failBusy() {
+	h := s.w.Header()
+	for _, k := range []string{"Content-Length", "Content-Encoding", "Content-Type", "Warning"} {
+		h.Del(k)
+	}
+	h.Set("Retry-After", "1")
+	apihttp.WriteStatus(s.w, s.req, apierrors.NewServiceUnavailable("the node's agent is rewriting too many answers at once; retry"))
+}
+
 // pump rewrites a watch stream: one JSON event at a time, each written
 // and flushed as soon as it is complete.
 func (s *response) pump(pr *io.PipeReader) {
@@ -263,7 +321,13 @@ func (s *response) pump(pr *io.PipeReader) {
 			_ = pr.CloseWithError(errStreamEnded)
 			return
 		}
-		out, err := s.memo.do(raw, s.rw.WatchEventJSON)
+		var out []byte
+		var err error
+		if len(raw) <= memoMaxObjectBytes {
+			out, err = s.memos.events.do(raw, s.rw.WatchEventJSON)
+		} else {
+			out, err = s.rw.WatchEventJSON(raw)
+		}
 		if err != nil {
 			s.failed = true
 			_ = pr.CloseWithError(err)
@@ -313,7 +377,7 @@ func (s *response) restoreWarnings() {
 // outcome is the answer's outcome for the metrics.
 func (s *response) outcome() string {
 	switch {
-	case s.failed:
+	case s.failed, s.busy:
 		return outcomeFailed
 	case s.passed:
 		return outcomePassed
@@ -327,6 +391,7 @@ const (
 	mediaJSON
 	mediaYAML
 	mediaBinary
+	mediaText
 )
 
 // mediaKind sorts a Content-Type into what the filter does with it.
@@ -336,6 +401,8 @@ func mediaKind(ct string) int {
 		return mediaOther
 	}
 	switch {
+	case strings.HasPrefix(mt, "text/"):
+		return mediaText
 	case mt == "application/json" || strings.HasSuffix(mt, "+json"):
 		return mediaJSON
 	case mt == "application/yaml":

@@ -1,6 +1,7 @@
 package rewriting
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"mime"
@@ -37,13 +38,95 @@ func isProtobuf(contentType string) bool {
 	return err == nil && mt == runtime.ContentTypeProtobuf
 }
 
+// Bounds of the protobuf bodies the filter decodes. The generated
+// decoders have no depth limit (a CRD's schema nests itself), and a field
+// of two bytes can stand for a large empty struct: bodies are scanned
+// first, and refused past these.
+const (
+	maxProtobufDepth  = 100
+	maxProtobufFields = 100000
+)
+
 // protobufToJSON decodes a protobuf body of a built-in type and encodes
 // it as JSON, apiVersion and kind included.
 func protobufToJSON(body []byte) ([]byte, error) {
+	work := maxProtobufFields
+	if !withinBounds(body, 0, &work) {
+		return nil, fmt.Errorf("nested deeper than %d or with more than %d fields", maxProtobufDepth, maxProtobufFields)
+	}
 	obj, gvk, err := protobufBodies.Decode(body, nil, nil)
 	if err != nil {
 		return nil, err
 	}
 	obj.GetObjectKind().SetGroupVersionKind(*gvk)
 	return json.Marshal(obj)
+}
+
+// withinBounds walks protobuf wire data, reading every length-delimited
+// field that parses as a message as one, and says whether it stays within
+// maxProtobufDepth levels and the fields left in work (which every field
+// read, at any level, spends). Strings that happen to parse as messages,
+// even in part, only make the walk stricter. The Kubernetes envelope's four magic bytes
+// are skipped.
+func withinBounds(b []byte, depth int, work *int) bool {
+	if depth == 0 && len(b) >= 4 && string(b[:4]) == "k8s\x00" {
+		b = b[4:]
+	}
+	ok, _ := walk(b, depth, work)
+	return ok
+}
+
+// walk reads b as a message: it returns whether the walk stayed within
+// bounds, and whether b parsed as a message at all. Every field read
+// spends work, also in reads that turn out not to be messages, so the
+// walk's time is bounded too.
+func walk(b []byte, depth int, work *int) (within, message bool) {
+	if depth > maxProtobufDepth {
+		return false, true
+	}
+	for len(b) > 0 {
+		*work--
+		if *work < 0 {
+			return false, true
+		}
+		tag, n := binary.Uvarint(b)
+		if n <= 0 || tag>>3 == 0 {
+			return true, false
+		}
+		b = b[n:]
+		switch tag & 7 {
+		case 0:
+			_, n := binary.Uvarint(b)
+			if n <= 0 {
+				return true, false
+			}
+			b = b[n:]
+		case 1:
+			if len(b) < 8 {
+				return true, false
+			}
+			b = b[8:]
+		case 5:
+			if len(b) < 4 {
+				return true, false
+			}
+			b = b[4:]
+		case 2:
+			l, n := binary.Uvarint(b)
+			if n <= 0 || l > uint64(len(b)-n) {
+				return true, false
+			}
+			inner := b[n : n+int(l)]
+			b = b[n+int(l):]
+			if len(inner) == 0 {
+				continue
+			}
+			if within, message := walk(inner, depth+1, work); message && !within {
+				return false, true
+			}
+		default:
+			return true, false
+		}
+	}
+	return true, true
 }
