@@ -189,7 +189,8 @@ test-repeat-e2e: deps control-plane
 # land in the package's testdata/fuzz and are kept as regression seeds.
 FUZZ_EXECS ?= 3000
 FUZZ_TARGETS ?= ./agent/serving:FuzzForwardRequest ./cache:FuzzCacheDecision \
-	./agent/rewrite:FuzzRoundTripGenerated ./agent/rewrite:FuzzRoundTrip
+	./agent/rewrite:FuzzRoundTripGenerated ./agent/rewrite:FuzzRoundTrip \
+	./agent/rewriting:FuzzSelectedRequest
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "fuzz $$t ($(FUZZ_EXECS) inputs)"; \
