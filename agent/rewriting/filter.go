@@ -71,9 +71,9 @@ type Filter struct {
 	memos       map[*rewrite.Rewriter]*memos
 	metrics     *Metrics
 	// budget bounds the bytes held for rewriting at once, across callers;
-	// held is its capacity.
-	budget *semaphore.Weighted
-	held   int64
+	// budgetCap is its capacity.
+	budget    *semaphore.Weighted
+	budgetCap int64
 }
 
 // New returns the filter of o.
@@ -98,11 +98,11 @@ func New(o Options) (*Filter, error) {
 	for _, p := range o.Profiles {
 		f.memos[p] = &memos{objects: newMemo(defaultMemoBytes), events: newMemo(defaultMemoBytes)}
 	}
-	f.held = o.MaxHeldBytes
-	if f.held <= 0 {
-		f.held = DefaultMaxHeldBytes
+	f.budgetCap = o.MaxHeldBytes
+	if f.budgetCap <= 0 {
+		f.budgetCap = DefaultMaxHeldBytes
 	}
-	f.budget = semaphore.NewWeighted(f.held)
+	f.budget = semaphore.NewWeighted(f.budgetCap)
 	return f, nil
 }
 
@@ -217,7 +217,7 @@ func (f *Filter) serve(w http.ResponseWriter, r *http.Request, rw *rewrite.Rewri
 		next.ServeHTTP(w, out)
 		return
 	}
-	rec := newResponse(w, out, rw, f.memos[rw], f.maxResponse, f.budget)
+	rec := newResponse(w, out, rw, f.memos[rw], f.maxResponse, f.budget, f.budgetCap)
 	completed := false
 	defer func() {
 		rec.end(completed)
@@ -260,6 +260,9 @@ func (f *Filter) renameRequest(r *http.Request, rw *rewrite.Rewriter) (*http.Req
 	if r.ContentLength > 0 && r.ContentLength < est {
 		est = r.ContentLength
 	}
+	if est*decodeFactor > f.budgetCap {
+		return nil, apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("the agent rewrites bodies of up to %d bytes", f.budgetCap/decodeFactor))
+	}
 	if !f.budget.TryAcquire(est * decodeFactor) {
 		return nil, apierrors.NewTooManyRequests("the node's agent is rewriting too many requests at once; retry", 1)
 	}
@@ -272,6 +275,16 @@ func (f *Filter) renameRequest(r *http.Request, rw *rewrite.Rewriter) (*http.Req
 		return nil, apierrors.NewRequestEntityTooLargeError(fmt.Sprintf("limit is %d bytes", f.maxBody))
 	}
 	if isProtobuf(r.Header.Get("Content-Type")) {
+		fields, err := protobufFields(body)
+		if err != nil {
+			return nil, newStatusError(http.StatusUnsupportedMediaType, metav1.StatusReasonUnsupportedMediaType,
+				fmt.Sprintf("rewrite profile %s could not read the protobuf request body as a built-in object (%v); send JSON", rw.Name(), err))
+		}
+		cost := int64(fields) * protobufFieldCost
+		if !f.budget.TryAcquire(cost) {
+			return nil, apierrors.NewTooManyRequests("the node's agent is rewriting too many requests at once; retry", 1)
+		}
+		defer f.budget.Release(cost)
 		j, err := protobufToJSON(body)
 		if err != nil {
 			return nil, newStatusError(http.StatusUnsupportedMediaType, metav1.StatusReasonUnsupportedMediaType,

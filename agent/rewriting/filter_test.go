@@ -482,13 +482,27 @@ func TestProtobufBombsRefused(t *testing.T) {
 	for range 200 {
 		nested = append(append([]byte{0xe2, 0x01}, uvarint(len(nested))...), nested...)
 	}
-	if _, err := protobufToJSON(append([]byte("k8s\x00"), nested...)); err == nil {
-		t.Error("a body nested 200 deep was decoded")
+	if _, err := protobufFields(append([]byte("k8s\x00"), nested...)); err == nil {
+		t.Error("a body nested 200 deep passed the walk")
 	}
 	// Many empty repeated elements.
 	many := bytes.Repeat([]byte{0x12, 0x00}, maxProtobufFields+1)
-	if _, err := protobufToJSON(append([]byte("k8s\x00"), many...)); err == nil {
-		t.Error("a body of too many fields was decoded")
+	if _, err := protobufFields(append([]byte("k8s\x00"), many...)); err == nil {
+		t.Error("a body of too many fields passed the walk")
+	}
+	// The same nesting, each level behind an unknown empty group (field
+	// 1000), which the decoders skip and go on.
+	hidden := []byte{}
+	for range 200 {
+		level := append([]byte{0xc3, 0x3e, 0xc4, 0x3e}, append([]byte{0xe2, 0x01}, uvarint(len(hidden))...)...)
+		hidden = append(level, hidden...)
+	}
+	if _, err := protobufFields(append([]byte("k8s\x00"), hidden...)); err == nil {
+		t.Error("a body nested 200 deep behind groups passed the walk")
+	}
+	// A ten-byte varint the decoders take.
+	if v, n := varint([]byte{0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x7f}); n != 10 || v>>63 != 1 {
+		t.Errorf("varint of ten bytes = %x, %d", v, n)
 	}
 	work := maxProtobufFields
 	if !withinBounds([]byte("k8s\x00\x0a\x05hello\x12\x03\x08\x96\x01"), 0, &work) {
@@ -556,8 +570,8 @@ func TestAnswerBounds(t *testing.T) {
 		if w.Code != c.code || strings.Contains(w.Body.String(), "renamed.example.io") {
 			t.Errorf("%s: %d %.200s", c.name, w.Code, w.Body)
 		}
-		if f.budget.TryAcquire(f.held) {
-			f.budget.Release(f.held)
+		if f.budget.TryAcquire(f.budgetCap) {
+			f.budget.Release(f.budgetCap)
 		} else {
 			t.Errorf("%s: the answer kept part of the budget", c.name)
 		}
@@ -580,5 +594,27 @@ func TestMemoKeepsObjectsAndEventsApart(t *testing.T) {
 	}
 	if string(got) == string(obj) || strings.Contains(string(got), "renamed.example.io") {
 		t.Errorf("the event came from the objects' memo: %s", got)
+	}
+}
+
+// A watch answered in something else than JSON is not held until it
+// ends: the stream ends at once.
+func TestNonJSONWatchNotHeld(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	h, _ := newChain(t, rev, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		w.WriteHeader(200)
+		for range 1000 {
+			if _, err := io.WriteString(w, "type: ADDED\nobject: {}\n---\n"); err != nil {
+				return
+			}
+		}
+		t.Error("the watch's writes went on after the stream could not be read")
+	})
+	w := do(t, h, "GET", "/apis/example.com/v1/widgets?watch=1", op, "", "", "")
+	if strings.Contains(w.Body.String(), "ADDED") {
+		t.Errorf("a YAML watch reached the caller: %q", w.Body)
 	}
 }

@@ -53,7 +53,7 @@ func FuzzSelectedRequest(f *testing.F) {
 		if mediaKind(answerType) == mediaBinary && len(answer) > 0 && w.Body.String() == string(answer) && apiPath(r.URL.Path) && !untouched(requestInfoOf(r)) && r.Method != http.MethodHead {
 			t.Fatalf("a %s answer reached the selected caller as it came", answerType)
 		}
-		if !filter.budget.TryAcquire(filter.held) {
+		if !filter.budget.TryAcquire(filter.budgetCap) {
 			t.Fatal("the request kept part of the budget")
 		}
 	})

@@ -51,8 +51,9 @@ type response struct {
 	max   int64
 	// budget is the filter's bound on held bytes; held is what this
 	// answer took of it.
-	budget *semaphore.Weighted
-	held   int64
+	budget    *semaphore.Weighted
+	budgetCap int64
+	held      int64
 
 	wroteHeader bool
 	code        int
@@ -72,8 +73,8 @@ type response struct {
 	failed, passed bool
 }
 
-func newResponse(w http.ResponseWriter, req *http.Request, rw *rewrite.Rewriter, m *memos, max int64, budget *semaphore.Weighted) *response {
-	return &response{w: w, req: req, rw: rw, memos: m, max: max, budget: budget}
+func newResponse(w http.ResponseWriter, req *http.Request, rw *rewrite.Rewriter, m *memos, max int64, budget *semaphore.Weighted, budgetCap int64) *response {
+	return &response{w: w, req: req, rw: rw, memos: m, max: max, budget: budget, budgetCap: budgetCap}
 }
 
 // take takes n bytes of the budget for this answer, if there is room.
@@ -125,6 +126,11 @@ func (s *response) WriteHeader(code int) {
 	}
 	if s.req.Method == http.MethodHead {
 		s.mode = modePass
+	}
+	if code == http.StatusOK && apihttp.IsWatch(s.req) && s.mode != modePass {
+		// A watch is never held whole: it may last an hour. One that is
+		// not JSON ends at its first byte, which the pump cannot read.
+		s.mode = modeStream
 	}
 	switch s.mode {
 	case modePass:
@@ -213,7 +219,12 @@ func (s *response) end(completed bool) {
 		s.fail(fmt.Errorf("the answer is larger than the %d bytes rewrite profile %s rewrites at once; ask for it in pages (limit and continue)", s.max, s.rw.Name()))
 		return
 	}
-	if s.busy || !s.take(int64(s.buf.Len())*decodeFactor) {
+	need := int64(s.buf.Len()) * decodeFactor
+	if need > s.budgetCap {
+		s.fail(fmt.Errorf("the answer is larger than rewrite profile %s rewrites at once; ask for it in pages (limit and continue)", s.rw.Name()))
+		return
+	}
+	if s.busy || !s.take(need-s.held) {
 		s.busy = true
 		s.failBusy()
 		return

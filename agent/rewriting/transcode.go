@@ -1,7 +1,6 @@
 package rewriting
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"mime"
@@ -44,16 +43,27 @@ func isProtobuf(contentType string) bool {
 // first, and refused past these.
 const (
 	maxProtobufDepth  = 100
-	maxProtobufFields = 100000
+	maxProtobufFields = 20000
+	// protobufFieldCost is what the budget counts per field walked: an
+	// empty element of two bytes decodes to a struct of a kilobyte or
+	// more, then to JSON.
+	protobufFieldCost = 2 << 10
 )
 
-// protobufToJSON decodes a protobuf body of a built-in type and encodes
-// it as JSON, apiVersion and kind included.
-func protobufToJSON(body []byte) ([]byte, error) {
+// protobufFields walks a protobuf body and returns the fields it holds,
+// or an error past the bounds.
+func protobufFields(body []byte) (int, error) {
 	work := maxProtobufFields
 	if !withinBounds(body, 0, &work) {
-		return nil, fmt.Errorf("nested deeper than %d or with more than %d fields", maxProtobufDepth, maxProtobufFields)
+		return 0, fmt.Errorf("nested deeper than %d or with more than %d fields", maxProtobufDepth, maxProtobufFields)
 	}
+	return maxProtobufFields - work, nil
+}
+
+// protobufToJSON decodes a protobuf body of a built-in type, which
+// protobufFields has let through, and encodes it as JSON, apiVersion and
+// kind included.
+func protobufToJSON(body []byte) ([]byte, error) {
 	obj, gvk, err := protobufBodies.Decode(body, nil, nil)
 	if err != nil {
 		return nil, err
@@ -76,10 +86,12 @@ func withinBounds(b []byte, depth int, work *int) bool {
 	return ok
 }
 
-// walk reads b as a message: it returns whether the walk stayed within
-// bounds, and whether b parsed as a message at all. Every field read
-// spends work, also in reads that turn out not to be messages, so the
-// walk's time is bounded too.
+// walk reads b as a message the way the generated decoders read one: it
+// returns whether the walk stayed within bounds, and whether b parsed as
+// a message at all. Every field read spends work, also in reads that turn
+// out not to be messages, so the walk's time is bounded too. Groups (wire
+// types 3 and 4), which the decoders skip as unknown fields, are skipped
+// as they skip them, so that no level can hide behind one.
 func walk(b []byte, depth int, work *int) (within, message bool) {
 	if depth > maxProtobufDepth {
 		return false, true
@@ -89,31 +101,24 @@ func walk(b []byte, depth int, work *int) (within, message bool) {
 		if *work < 0 {
 			return false, true
 		}
-		tag, n := binary.Uvarint(b)
-		if n <= 0 || tag>>3 == 0 {
+		tag, n := varint(b)
+		if n == 0 || tag>>3 == 0 {
 			return true, false
 		}
 		b = b[n:]
 		switch tag & 7 {
-		case 0:
-			_, n := binary.Uvarint(b)
-			if n <= 0 {
+		case 3:
+			rest, ok := skipGroup(b, work)
+			if !ok {
+				if *work < 0 {
+					return false, true
+				}
 				return true, false
 			}
-			b = b[n:]
-		case 1:
-			if len(b) < 8 {
-				return true, false
-			}
-			b = b[8:]
-		case 5:
-			if len(b) < 4 {
-				return true, false
-			}
-			b = b[4:]
+			b = rest
 		case 2:
-			l, n := binary.Uvarint(b)
-			if n <= 0 || l > uint64(len(b)-n) {
+			l, n := varint(b)
+			if n == 0 || l > uint64(len(b)-n) {
 				return true, false
 			}
 			inner := b[n : n+int(l)]
@@ -125,8 +130,88 @@ func walk(b []byte, depth int, work *int) (within, message bool) {
 				return false, true
 			}
 		default:
-			return true, false
+			rest, ok := skipScalar(b, tag&7)
+			if !ok {
+				return true, false
+			}
+			b = rest
 		}
 	}
 	return true, true
+}
+
+// skipScalar skips the value of a varint (0), fixed64 (1) or fixed32 (5)
+// field; other wire types are not scalars.
+func skipScalar(b []byte, wire uint64) ([]byte, bool) {
+	switch wire {
+	case 0:
+		_, n := varint(b)
+		if n == 0 {
+			return nil, false
+		}
+		return b[n:], true
+	case 1:
+		if len(b) < 8 {
+			return nil, false
+		}
+		return b[8:], true
+	case 5:
+		if len(b) < 4 {
+			return nil, false
+		}
+		return b[4:], true
+	}
+	return nil, false
+}
+
+// skipGroup skips a group's fields up to its end, nested groups
+// included, as the decoders skip an unknown group; every field spends
+// work.
+func skipGroup(b []byte, work *int) ([]byte, bool) {
+	depth := 0
+	for len(b) > 0 {
+		*work--
+		if *work < 0 {
+			return nil, false
+		}
+		tag, n := varint(b)
+		if n == 0 || tag>>3 == 0 {
+			return nil, false
+		}
+		b = b[n:]
+		switch tag & 7 {
+		case 3:
+			depth++
+		case 4:
+			if depth == 0 {
+				return b, true
+			}
+			depth--
+		case 2:
+			l, n := varint(b)
+			if n == 0 || l > uint64(len(b)-n) {
+				return nil, false
+			}
+			b = b[n+int(l):]
+		default:
+			rest, ok := skipScalar(b, tag&7)
+			if !ok {
+				return nil, false
+			}
+			b = rest
+		}
+	}
+	return nil, false
+}
+
+// varint reads a base-128 varint as the generated decoders do: up to ten
+// bytes, the bits past 64 dropped. n is 0 when b holds none.
+func varint(b []byte) (v uint64, n int) {
+	for i := 0; i < 10 && i < len(b); i++ {
+		v |= uint64(b[i]&0x7f) << (7 * uint(i))
+		if b[i] < 0x80 {
+			return v, i + 1
+		}
+	}
+	return 0, 0
 }
