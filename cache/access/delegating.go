@@ -410,7 +410,7 @@ func (a tokenReviewer) AuthenticateToken(ctx context.Context, token string) (*au
 	switch {
 	case ok:
 		a.metrics.reviewed(reviewToken, "authenticated")
-		a.recall.authenticated(token, start)
+		a.recall.authenticated(token, resp.User, start)
 		a.known.add(token, start)
 	case out.answered.Load():
 		a.metrics.reviewed(reviewToken, "rejected")
@@ -496,11 +496,21 @@ var ErrThrottled = errThrottled
 // kube-apiserver does not authenticate the token: kube-apiserver then
 // answers the request itself. ErrThrottled and review errors say that the
 // caller could not be told now. Impersonation headers are not looked at:
-// the user is the token's owner, whoever it asks to act as.
+// the user is the token's owner, whoever it asks to act as. In degraded
+// mode the answer is who a review found the token to be within the
+// degraded TTL, as for the cache's recalled decisions.
 func (d *Delegating) Authenticate(r *http.Request) (user.Info, error) {
 	token, ok := bearerToken(r.Header)
 	if !ok {
 		return nil, nil
+	}
+	if d.degraded != nil && d.degraded() {
+		// kube-apiserver is unreachable: who the token was when it last
+		// answered, within the degraded TTL, or nobody.
+		if u, ok := d.recall.identity(token); ok {
+			return u, nil
+		}
+		return nil, errUnknownInDegradedMode
 	}
 	ctx := withSource(r.Context(), r.RemoteAddr)
 	d.metrics.lookup(reviewToken)
@@ -509,9 +519,16 @@ func (d *Delegating) Authenticate(r *http.Request) (user.Info, error) {
 	leave()
 	switch {
 	case err != nil:
+		if d.unreachable != nil && d.unreachable() {
+			if u, ok := d.recall.identity(token); ok {
+				return u, nil
+			}
+		}
 		return nil, err
 	case !ok:
 		return nil, nil
 	}
 	return resp.User, nil
 }
+
+var errUnknownInDegradedMode = errors.New("kube-apiserver is unreachable and this token was not reviewed recently")

@@ -113,8 +113,9 @@ func (rc *recall) tokenKey(token string) string {
 	return string(m.Sum(nil))
 }
 
-// authenticated records that a TokenReview made at at authenticated token.
-func (rc *recall) authenticated(token string, at time.Time) {
+// authenticated records that a TokenReview made at at authenticated
+// token as u.
+func (rc *recall) authenticated(token string, u user.Info, at time.Time) {
 	if rc == nil || rc.ttl <= 0 {
 		return
 	}
@@ -127,8 +128,33 @@ func (rc *recall) authenticated(token string, at time.Time) {
 	t := rc.tokenLocked(rc.tokenKey(token))
 	if at.After(t.authenticated) {
 		t.authenticated = at
+		if u != nil {
+			t.user = u
+		}
 	}
 	t.expires = expires
+}
+
+// identity returns who token was when a TokenReview authenticated it
+// within the TTL, if its own expiry has not passed: degraded mode's
+// answer to "who is this caller", for the rewriting's selection.
+func (rc *recall) identity(token string) (user.Info, bool) {
+	if rc == nil || rc.ttl <= 0 {
+		return nil, false
+	}
+	now := rc.now()
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	t := rc.tokens[rc.tokenKey(token)]
+	switch {
+	case t == nil || t.user == nil || t.authenticated.IsZero():
+		return nil, false
+	case !t.expires.IsZero() && !now.Before(t.expires):
+		return nil, false
+	case now.Sub(t.authenticated) > rc.ttl:
+		return nil, false
+	}
+	return t.user, true
 }
 
 // tokenLocked returns what is kept for the token of key k, made (pruning

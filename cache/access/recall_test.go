@@ -379,3 +379,41 @@ func TestRecallEvictsPerSource(t *testing.T) {
 		t.Errorf("a source's newest decision: %s, want kept", outcome)
 	}
 }
+
+// TestDegradedAuthenticate: in degraded mode, Authenticate answers who a
+// review found the token to be within the TTL, without asking
+// kube-apiserver, and nobody for a token never reviewed, one reviewed
+// too long ago, or one past its expiry.
+func TestDegradedAuthenticate(t *testing.T) {
+	const ttl = 5 * time.Minute
+	s := newDegradedSetup(t, ttl)
+	token := fakeJWT("alice", s.clock.Now().Add(10*time.Minute))
+	s.f.tokens[token] = alice
+	authenticate := func(tok string) (string, error) {
+		r, _ := newRequest(t, "/apis/example.com/v1/widgets", bearer(tok))
+		u, err := s.d.Authenticate(r)
+		if u == nil {
+			return "", err
+		}
+		return u.GetName(), err
+	}
+	if name, err := authenticate(token); err != nil || name != "alice" {
+		t.Fatalf("live: %q %v", name, err)
+	}
+	s.degraded.Store(true)
+	before, _ := s.f.counts()
+	s.clock.Step(time.Minute)
+	if name, err := authenticate(token); err != nil || name != "alice" {
+		t.Errorf("degraded, reviewed a minute ago: %q %v", name, err)
+	}
+	if name, err := authenticate(fakeJWT("bob", s.clock.Now().Add(time.Hour))); err == nil || name != "" {
+		t.Errorf("degraded, never reviewed: %q %v; want an error", name, err)
+	}
+	s.clock.Step(ttl)
+	if name, err := authenticate(token); err == nil || name != "" {
+		t.Errorf("degraded, reviewed past the TTL: %q %v; want an error", name, err)
+	}
+	if after, _ := s.f.counts(); after != before {
+		t.Errorf("degraded mode sent %d token reviews", after-before)
+	}
+}
