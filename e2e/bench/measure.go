@@ -236,6 +236,13 @@ func fileSize(path string) (int64, error) {
 // sendAll sends n requests with get, inflight at a time, and returns the
 // latencies of those that succeeded, the errors and the last of them.
 func sendAll(ctx context.Context, get func(context.Context) (time.Duration, error), n, inflight int) ([]time.Duration, int, error) {
+	return sendEach(ctx, func(ctx context.Context, _ int) (time.Duration, error) { return get(ctx) }, n, inflight)
+}
+
+// sendEach sends request i of n with send, inflight at a time, until ctx
+// ends, and returns the latencies of those that succeeded, the errors and
+// the last of them.
+func sendEach(ctx context.Context, send func(ctx context.Context, i int) (time.Duration, error), n, inflight int) ([]time.Duration, int, error) {
 	var (
 		mu      sync.Mutex // protects the fields below
 		durs    = make([]time.Duration, 0, n)
@@ -243,11 +250,11 @@ func sendAll(ctx context.Context, get func(context.Context) (time.Duration, erro
 		lastErr error
 		wg      sync.WaitGroup
 	)
-	next := make(chan struct{})
+	next := make(chan int)
 	for range inflight {
 		wg.Go(func() {
-			for range next {
-				d, err := get(ctx)
+			for i := range next {
+				d, err := send(ctx, i)
 				mu.Lock()
 				if err != nil {
 					errs++
@@ -260,7 +267,7 @@ func sendAll(ctx context.Context, get func(context.Context) (time.Duration, erro
 		})
 	}
 	for i := 0; i < n && ctx.Err() == nil; i++ {
-		next <- struct{}{}
+		next <- i
 	}
 	close(next)
 	wg.Wait()

@@ -10,7 +10,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
@@ -141,35 +140,9 @@ func (w *writer) do(ctx context.Context, verb, name string, round int) (time.Dur
 // block sends verb for each of names, inflight at a time, and returns the
 // latencies of those that succeeded and the errors.
 func (w *writer) block(ctx context.Context, verb string, names []string, round, inflight int) ([]time.Duration, int, error) {
-	var (
-		mu      sync.Mutex // protects the fields below
-		durs    []time.Duration
-		errs    int
-		lastErr error
-		wg      sync.WaitGroup
-	)
-	next := make(chan string)
-	for range inflight {
-		wg.Go(func() {
-			for name := range next {
-				d, err := w.do(ctx, verb, name, round)
-				mu.Lock()
-				if err != nil {
-					errs++
-					lastErr = err
-				} else {
-					durs = append(durs, d)
-				}
-				mu.Unlock()
-			}
-		})
-	}
-	for _, n := range names {
-		next <- n
-	}
-	close(next)
-	wg.Wait()
-	return durs, errs, lastErr
+	return sendEach(ctx, func(ctx context.Context, i int) (time.Duration, error) {
+		return w.do(ctx, verb, names[i], round)
+	}, len(names), inflight)
 }
 
 // grantConfigMapWrites lets the client pod write ConfigMaps in its
