@@ -168,7 +168,7 @@ func apiPath(path string) bool {
 // or nil. Only a token whose unverified subject a profile selects is
 // reviewed; the profile is then chosen by the reviewed user name.
 func (f *Filter) profileFor(r *http.Request) (*rewrite.Rewriter, error) {
-	token, ok := bearerToken(r.Header)
+	token, ok := access.BearerToken(r.Header)
 	if !ok {
 		return nil, nil
 	}

@@ -55,7 +55,7 @@ func (f *reviewer) identify(r *http.Request) (user.Info, error) {
 	if f.err != nil {
 		return nil, f.err
 	}
-	tok, _ := bearerToken(r.Header)
+	tok, _ := access.BearerToken(r.Header)
 	name, ok := f.users[tok]
 	if !ok {
 		return nil, nil

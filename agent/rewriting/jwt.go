@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
-	"net/http"
 	"strings"
 	"sync"
 )
@@ -62,20 +61,4 @@ func unverifiedSubject(token string) string {
 		return ""
 	}
 	return claims.Subject
-}
-
-// bearerToken reads the token as kube-apiserver's bearer token
-// authenticator does: the first Authorization header, "Bearer <token>",
-// scheme case-insensitive.
-func bearerToken(h http.Header) (string, bool) {
-	auth := strings.TrimSpace(h.Get("Authorization"))
-	scheme, rest, ok := strings.Cut(auth, " ")
-	if !ok || !strings.EqualFold(scheme, "bearer") {
-		return "", false
-	}
-	token, _, _ := strings.Cut(rest, " ")
-	if token == "" {
-		return "", false
-	}
-	return token, true
 }

@@ -48,9 +48,9 @@ func TestBearerTokenMatchesKubeAPIServer(t *testing.T) {
 		req := (&http.Request{Header: h.Clone()}).WithContext(context.Background())
 		_, _, _ = oracle.AuthenticateRequest(req)
 
-		got, ok := bearerToken(h)
+		got, ok := BearerToken(h)
 		if ok != called || got != seen {
-			t.Errorf("Authorization %q: bearerToken = %q, %v; kube-apiserver reviews %q, %v", values, got, ok, seen, called)
+			t.Errorf("Authorization %q: BearerToken = %q, %v; kube-apiserver reviews %q, %v", values, got, ok, seen, called)
 		}
 	}
 }

@@ -219,7 +219,7 @@ func (d *Delegating) review(r *http.Request, info *request.RequestInfo) Result {
 	if impersonates(r.Header) {
 		return Result{Verdict: Forward, Reason: ReasonImpersonation}
 	}
-	token, ok := bearerToken(r.Header)
+	token, ok := BearerToken(r.Header)
 	if !ok {
 		return Result{Verdict: Forward, Reason: ReasonNoToken}
 	}
@@ -369,16 +369,21 @@ func impersonates(h http.Header) bool {
 	return false
 }
 
-// bearerToken reads the token the way kube-apiserver's bearer token
+// BearerToken reads the token the way kube-apiserver's bearer token
 // authenticator does: the first Authorization header, "Bearer <token>",
-// scheme case-insensitive.
-func bearerToken(h http.Header) (string, bool) {
+// scheme case-insensitive. It does not allocate: the rewriting reads it
+// for every request once profiles exist.
+func BearerToken(h http.Header) (string, bool) {
 	auth := strings.TrimSpace(h.Get("Authorization"))
-	parts := strings.SplitN(auth, " ", 3)
-	if len(parts) < 2 || !strings.EqualFold(parts[0], "bearer") || parts[1] == "" {
+	scheme, rest, ok := strings.Cut(auth, " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") {
 		return "", false
 	}
-	return parts[1], true
+	token, _, _ := strings.Cut(rest, " ")
+	if token == "" {
+		return "", false
+	}
+	return token, true
 }
 
 // tokenReviewer runs on token cache misses. It keeps the review's bodies
@@ -500,7 +505,7 @@ var ErrThrottled = errThrottled
 // mode the answer is who a review found the token to be within the
 // degraded TTL, as for the cache's recalled decisions.
 func (d *Delegating) Authenticate(r *http.Request) (user.Info, error) {
-	token, ok := bearerToken(r.Header)
+	token, ok := BearerToken(r.Header)
 	if !ok {
 		return nil, nil
 	}
