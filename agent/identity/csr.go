@@ -30,6 +30,8 @@ import (
 	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/keyutil"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/keypair"
 )
 
 // MinLifetime is the shortest certificate lifetime the kubernetes.io signers
@@ -508,7 +510,7 @@ func (s *CSRSource) install(ctx context.Context, certPEM []byte, key *ecdsa.Priv
 		return err
 	}
 	keyPEM := pem.EncodeToMemory(&pem.Block{Type: keyutil.ECPrivateKeyBlockType, Bytes: keyDER})
-	pair, err := parsePair(certPEM, keyPEM)
+	pair, err := keypair.Parse(certPEM, keyPEM)
 	if err != nil {
 		return err
 	}
@@ -522,19 +524,6 @@ func (s *CSRSource) install(ctx context.Context, certPEM []byte, key *ecdsa.Priv
 	s.mu.Unlock()
 	s.persist(ctx)
 	return nil
-}
-
-func parsePair(certPEM, keyPEM []byte) (*tls.Certificate, error) {
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("parsing the certificate and key: %w", err)
-	}
-	if pair.Leaf == nil {
-		if pair.Leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
-			return nil, fmt.Errorf("parsing the certificate: %w", err)
-		}
-	}
-	return &pair, nil
 }
 
 // rotationDeadline is a random point at 70-90% of leaf's lifetime, as
@@ -631,7 +620,7 @@ func (s *CSRSource) reusable(st *savedState) (*tls.Certificate, string) {
 		// issuer, and the approver for that one did not approve it.
 		return nil, fmt.Sprintf("it was issued by signer %q, and the agent now requests its certificate from signer %q", st.Signer, s.signer)
 	}
-	pair, err := parsePair([]byte(st.Certificate), []byte(st.Key))
+	pair, err := keypair.Parse([]byte(st.Certificate), []byte(st.Key))
 	if err != nil {
 		return nil, err.Error()
 	}

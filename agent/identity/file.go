@@ -1,15 +1,14 @@
 package identity
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"sync"
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	"k8s.io/klog/v2"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/keypair"
 )
 
 var _ Source = (*FileSource)(nil)
@@ -23,11 +22,7 @@ type FileSource struct {
 	content *dynamiccertificates.DynamicCertKeyPairContent
 	ca      *dynamiccertificates.DynamicFileCAContent
 	trust   *trustCheck
-
-	mu sync.Mutex // protects the fields below
-	// The parsed pair, cached until the files' content changes.
-	certPEM []byte
-	pair    *tls.Certificate
+	pair    *keypair.Cached
 }
 
 // NewFileSource loads the certificate, key and CA bundle files. It fails if
@@ -43,7 +38,7 @@ func NewFileSource(certFile, keyFile string, o Options) (*FileSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &FileSource{content: content, ca: ca, trust: newTrustCheck(ca, o.SANs, o.now())}
+	s := &FileSource{content: content, ca: ca, trust: newTrustCheck(ca, o.SANs, o.now()), pair: keypair.NewCached(content)}
 	pair, err := s.current()
 	if err != nil {
 		return nil, err
@@ -65,23 +60,11 @@ func newCAContent(file string) (*dynamiccertificates.DynamicFileCAContent, error
 
 // current returns the parsed certificate for the files' present content.
 func (s *FileSource) current() (*tls.Certificate, error) {
-	certPEM, keyPEM := s.content.CurrentCertKeyContent()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.pair != nil && bytes.Equal(certPEM, s.certPEM) {
-		return s.pair, nil
-	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	pair, err := s.pair.Get()
 	if err != nil {
-		return nil, fmt.Errorf("parsing serving certificate: %w", err)
+		return nil, fmt.Errorf("serving certificate: %w", err)
 	}
-	if pair.Leaf == nil {
-		if pair.Leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
-			return nil, fmt.Errorf("parsing serving certificate: %w", err)
-		}
-	}
-	s.certPEM, s.pair = certPEM, &pair
-	return s.pair, nil
+	return pair, nil
 }
 
 // Run watches the files until ctx ends.

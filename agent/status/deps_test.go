@@ -10,5 +10,5 @@ import (
 // and the registry it is given, never by importing the interceptor, the
 // upstream set, the serving chain, the cache or netrules.
 func TestImports(t *testing.T) {
-	depstest.Only(t, "agent/status", "agent/version", "agent/internal/metricsserver", "agent/internal/apihttp")
+	depstest.Only(t, "agent/status", "agent/version", "agent/internal/metricsserver", "agent/internal/apihttp", "agent/internal/keypair")
 }

@@ -1,7 +1,6 @@
 package webhookproxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -9,9 +8,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"sync"
 
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+
+	"github.com/kube-apicache/kube-apicache/agent/internal/keypair"
 )
 
 // ServingCertificate is the certificate and key the proxy serves, from
@@ -21,11 +21,7 @@ import (
 // caBundle.
 type ServingCertificate struct {
 	content *dynamiccertificates.DynamicCertKeyPairContent
-
-	mu sync.Mutex // protects the fields below
-	// The parsed pair, kept until the files' content changes.
-	certPEM []byte
-	pair    *tls.Certificate
+	pair    *keypair.Cached
 }
 
 // NewServingCertificate loads the certificate chain and key files (PEM).
@@ -35,7 +31,7 @@ func NewServingCertificate(certFile, keyFile string) (*ServingCertificate, error
 	if err != nil {
 		return nil, fmt.Errorf("loading the serving certificate: %w", err)
 	}
-	c := &ServingCertificate{content: content}
+	c := &ServingCertificate{content: content, pair: keypair.NewCached(content)}
 	if _, err := c.current(); err != nil {
 		return nil, err
 	}
@@ -53,23 +49,11 @@ func (c *ServingCertificate) GetCertificate(*tls.ClientHelloInfo) (*tls.Certific
 
 // current returns the parsed pair of the files' present content.
 func (c *ServingCertificate) current() (*tls.Certificate, error) {
-	certPEM, keyPEM := c.content.CurrentCertKeyContent()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.pair != nil && bytes.Equal(certPEM, c.certPEM) {
-		return c.pair, nil
-	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	pair, err := c.pair.Get()
 	if err != nil {
-		return nil, fmt.Errorf("parsing the serving certificate: %w", err)
+		return nil, fmt.Errorf("the serving certificate: %w", err)
 	}
-	if pair.Leaf == nil {
-		if pair.Leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
-			return nil, fmt.Errorf("parsing the serving certificate: %w", err)
-		}
-	}
-	c.certPEM, c.pair = certPEM, &pair
-	return c.pair, nil
+	return pair, nil
 }
 
 // BackendTLS is how the proxy verifies the webhook server it forwards to.

@@ -8,5 +8,5 @@ import (
 
 // TestImports: the listener knows nothing of the components it serves.
 func TestImports(t *testing.T) {
-	depstest.Only(t, "agent/internal/metricsserver", "agent/internal/apihttp")
+	depstest.Only(t, "agent/internal/metricsserver", "agent/internal/apihttp", "agent/internal/keypair")
 }

@@ -1,16 +1,13 @@
 package metricsserver
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +23,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/kube-apicache/kube-apicache/agent/internal/apihttp"
+	"github.com/kube-apicache/kube-apicache/agent/internal/keypair"
 )
 
 // Config is what a metrics listener is built from.
@@ -190,7 +188,7 @@ func (auth *metricsAuth) served(p string, profiling bool) bool {
 // certificate files; the caller closes the server (at the end of its
 // shutdown, so that probes are answered until then).
 func (s *Server) Start(ctx context.Context, l net.Listener, errs chan<- error) (*http.Server, error) {
-	var cert certKeyContent
+	var cert keypair.Content
 	if s.files != nil {
 		go s.files.Run(ctx, 1)
 		cert = s.files
@@ -203,8 +201,8 @@ func (s *Server) Start(ctx context.Context, l net.Listener, errs chan<- error) (
 			return nil, err
 		}
 	}
-	pairs := &parsedCertificate{content: cert}
-	if _, err := pairs.get(); err != nil {
+	pairs := keypair.NewCached(cert)
+	if _, err := pairs.Get(); err != nil {
 		return nil, fmt.Errorf("metrics serving certificate: %w", err)
 	}
 	srv := &http.Server{
@@ -226,7 +224,7 @@ func (s *Server) Start(ctx context.Context, l net.Listener, errs chan<- error) (
 	}
 	tlsConfig := &tls.Config{
 		MinVersion:     tls.VersionTLS12,
-		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return pairs.get() },
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return pairs.Get() },
 		// HTTP/1.1 only: scrapers and probes need nothing more, and
 		// HTTP/2's stream handling is more surface for no gain here.
 		NextProtos: []string{"http/1.1"},
@@ -237,40 +235,6 @@ func (s *Server) Start(ctx context.Context, l net.Listener, errs chan<- error) (
 
 // certKeyContent is the part of k8s.io/apiserver's certificate providers
 // the metrics listener uses.
-type certKeyContent interface {
-	CurrentCertKeyContent() ([]byte, []byte)
-}
-
-// parsedCertificate parses a certificate provider's content once per
-// change.
-type parsedCertificate struct {
-	content certKeyContent
-
-	mu      sync.Mutex // protects the fields below
-	certPEM []byte
-	pair    *tls.Certificate
-}
-
-func (p *parsedCertificate) get() (*tls.Certificate, error) {
-	certPEM, keyPEM := p.content.CurrentCertKeyContent()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.pair != nil && bytes.Equal(certPEM, p.certPEM) {
-		return p.pair, nil
-	}
-	pair, err := tls.X509KeyPair(certPEM, keyPEM)
-	if err != nil {
-		return nil, err
-	}
-	if pair.Leaf == nil {
-		if pair.Leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
-			return nil, err
-		}
-	}
-	p.certPEM, p.pair = certPEM, &pair
-	return p.pair, nil
-}
-
 // selfSignedMetricsCert makes a certificate for the metrics listener at
 // addr, naming name (the node, the pod) and the bound IP (unless it is a
 // wildcard). Scrapers
