@@ -11,5 +11,5 @@ import (
 // cache does, through internal/nodeimpersonation), never through the
 // agent's serving, upstream or cache code.
 func TestImports(t *testing.T) {
-	depstest.Only(t, "agent/interception", "agent/apis/config/v1alpha1", "netrules", "internal/nodeimpersonation")
+	depstest.Only(t, "agent/interception", "agent/apis/config/v1alpha1", "agent/apis/internal/kindfile", "netrules", "internal/nodeimpersonation")
 }

@@ -12,7 +12,7 @@ import (
 // the agent's other parts and imports no HTTP: the handlers that use it
 // are the ones that decide what to rewrite.
 func TestImports(t *testing.T) {
-	depstest.Only(t, "agent/rewrite", "agent/apis/rewrite/v1alpha1")
+	depstest.Only(t, "agent/rewrite", "agent/apis/rewrite/v1alpha1", "agent/apis/internal/kindfile")
 
 	goBin, err := exec.LookPath("go")
 	if err != nil {

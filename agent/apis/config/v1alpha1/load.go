@@ -1,9 +1,7 @@
 package v1alpha1
 
 import (
-	"errors"
 	"fmt"
-	"os"
 	"reflect"
 	"regexp"
 	"slices"
@@ -13,52 +11,19 @@ import (
 
 	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/kube-apicache/kube-apicache/agent/apis/internal/kindfile"
 )
 
-var codecs = func() serializer.CodecFactory {
-	s := runtime.NewScheme()
-	if err := AddToScheme(s); err != nil {
-		panic(err)
-	}
-	// Strict: a misspelt or misplaced field is an error, not a silently
-	// ignored setting.
-	return serializer.NewCodecFactory(s, serializer.EnableStrict)
-}()
+var decoder = kindfile.NewDecoder[*AgentConfiguration](AddToScheme, SchemeGroupVersion, "AgentConfiguration")
 
 // Decode parses an AgentConfiguration (YAML or JSON). apiVersion and kind
 // are required; unknown and duplicate fields are errors.
-func Decode(data []byte) (*AgentConfiguration, error) {
-	obj, gvk, err := codecs.UniversalDecoder(SchemeGroupVersion).Decode(data, nil, nil)
-	switch {
-	case runtime.IsMissingVersion(err):
-		return nil, fmt.Errorf("apiVersion is required (%s)", SchemeGroupVersion)
-	case runtime.IsMissingKind(err):
-		return nil, errors.New("kind is required (AgentConfiguration)")
-	case err != nil:
-		return nil, err
-	}
-	c, ok := obj.(*AgentConfiguration)
-	if !ok {
-		return nil, fmt.Errorf("kind %s: want AgentConfiguration (%s)", gvk, SchemeGroupVersion)
-	}
-	return c, nil
-}
+func Decode(data []byte) (*AgentConfiguration, error) { return decoder.Decode(data) }
 
 // Load reads and decodes the file at path.
-func Load(path string) (*AgentConfiguration, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	c, err := Decode(data)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return c, nil
-}
+func Load(path string) (*AgentConfiguration, error) { return decoder.Load(path) }
 
 // Applied records, for each flag the file set, the field that set it, so
 // that later errors naming the flag can name the field too.

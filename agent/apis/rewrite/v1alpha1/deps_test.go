@@ -8,5 +8,5 @@ import (
 
 // TestImports: the file format depends on no part of the agent.
 func TestImports(t *testing.T) {
-	depstest.Only(t, "agent/apis/rewrite/v1alpha1")
+	depstest.Only(t, "agent/apis/rewrite/v1alpha1", "agent/apis/internal/kindfile")
 }
