@@ -433,7 +433,7 @@ func startWebhooks(t *testing.T, ctx context.Context, c *sandbox.Cluster, pod *s
 	if profile == "" {
 		return serve, "https://" + net.JoinHostPort(pod.IP, "8443")
 	}
-	proxy, err := pod.Start(agentBin, "webhook-proxy", "--listen=0.0.0.0:9444", "--tls-cert-file="+certFile, "--tls-private-key-file="+keyFile,
+	proxy, err := pod.Start(agentBin, "webhook-proxy", "--listen-address=0.0.0.0:9444", "--tls-cert-file="+certFile, "--tls-private-key-file="+keyFile,
 		"--backend=https://127.0.0.1:8443", "--backend-ca-file="+caFile, "--rewrite-config="+profile, "--profile=widgets")
 	if err != nil {
 		t.Fatal(err)

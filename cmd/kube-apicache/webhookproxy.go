@@ -37,18 +37,18 @@ const (
 )
 
 type webhookProxyOptions struct {
-	listen            string
-	certFile          string
-	keyFile           string
-	backend           string
-	backendCAFile     string
-	backendServerName string
-	rewriteConfig     string
-	profile           string
-	metricsAddr       string
-	timeout           time.Duration
-	maxBodyBytes      int64
-	gracePeriod       time.Duration
+	listenAddress      string
+	certFile           string
+	keyFile            string
+	backend            string
+	backendCAFile      string
+	backendServerName  string
+	rewriteConfig      string
+	profile            string
+	metricsBindAddress string
+	timeout            time.Duration
+	maxBodyBytes       int64
+	gracePeriod        time.Duration
 }
 
 // webhookProxy is what the flags make: the checked settings the proxy
@@ -90,15 +90,15 @@ and /readyz are answered on the same listener for the kubelet's probes.`,
 			if err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", o.listen)
+			ln, err := net.Listen("tcp", o.listenAddress)
 			if err != nil {
-				return fmt.Errorf("--listen: %w", err)
+				return fmt.Errorf("--listen-address: %w", err)
 			}
 			var metricsLn net.Listener
-			if o.metricsAddr != "" {
-				if metricsLn, err = net.Listen("tcp", o.metricsAddr); err != nil {
+			if o.metricsBindAddress != "" {
+				if metricsLn, err = net.Listen("tcp", o.metricsBindAddress); err != nil {
 					_ = ln.Close()
-					return fmt.Errorf("--metrics-addr: %w", err)
+					return fmt.Errorf("--metrics-bind-address: %w", err)
 				}
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, os.Interrupt)
@@ -108,7 +108,7 @@ and /readyz are answered on the same listener for the kubelet's probes.`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&o.listen, "listen", defaultWebhookProxyListen, "host:port to serve kube-apiserver's webhook calls on (TLS): the port the webhook Service's targetPort names.")
+	fs.StringVar(&o.listenAddress, "listen-address", defaultWebhookProxyListen, "host:port to serve kube-apiserver's webhook calls on (TLS): the port the webhook Service's targetPort names.")
 	fs.StringVar(&o.certFile, "tls-cert-file", "", "Required. The webhook's own serving certificate chain (PEM), as kube-apiserver verifies it with the webhook configurations' caBundle. Reloaded on change.")
 	fs.StringVar(&o.keyFile, "tls-private-key-file", "", "Required. Private key (PEM) of --tls-cert-file. Reloaded on change.")
 	fs.StringVar(&o.backend, "backend", "", "Required. URL of the operator's webhook server, https://host:port (http:// for a plain-HTTP server), with an optional path prefix each request's path is appended to: https://127.0.0.1:9443 beside it in its pod.")
@@ -118,7 +118,7 @@ and /readyz are answered on the same listener for the kubelet's probes.`,
 	fs.StringVar(&o.profile, "profile", "", "Name of the --rewrite-config profile whose names are swapped. May be omitted when the file has exactly one profile.")
 	fs.DurationVar(&o.timeout, "timeout", webhookproxy.DefaultTimeout, "How long a call to the webhook server may take (504 past it). kube-apiserver waits for a webhook at most 30s, and for its timeoutSeconds (default 10s) first.")
 	fs.Int64Var(&o.maxBodyBytes, "max-body-bytes", webhookproxy.DefaultMaxBodyBytes, "Largest review (413 past it) and webhook server answer (502 past it), in bytes. The default holds an update's two objects of kube-apiserver's 3 MiB request limit each; raise it for conversion webhooks of large lists.")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "host:port serving /metrics, /healthz and /readyz over plain HTTP, with no authentication (bind it to the pod's IP or loopback). Empty: no metrics listener; the health paths are on --listen anyway.")
+	fs.StringVar(&o.metricsBindAddress, "metrics-bind-address", "", "host:port serving /metrics, /healthz and /readyz over plain HTTP, with no authentication (bind it to the pod's IP or loopback). Empty: no metrics listener; the health paths are on --listen-address anyway.")
 	fs.DurationVar(&o.gracePeriod, "shutdown-grace-period", defaultWebhookProxyGracePeriod, "On SIGTERM, how long the calls in flight may run before the listener closes them; /readyz fails meanwhile. Keep the pod's terminationGracePeriodSeconds above it.")
 	return cmd
 }
@@ -126,11 +126,11 @@ and /readyz are answered on the same listener for the kubelet's probes.`,
 // complete checks the flags, loads the rewrite configuration and builds
 // the proxy's settings. Each error is one line naming its flag.
 func (o *webhookProxyOptions) complete() (*webhookProxy, error) {
-	if err := checkHostPort("--listen", o.listen); err != nil {
+	if err := checkHostPort("--listen-address", o.listenAddress); err != nil {
 		return nil, err
 	}
-	if o.metricsAddr != "" {
-		if err := checkHostPort("--metrics-addr", o.metricsAddr); err != nil {
+	if o.metricsBindAddress != "" {
+		if err := checkHostPort("--metrics-bind-address", o.metricsBindAddress); err != nil {
 			return nil, err
 		}
 	}
@@ -291,7 +291,7 @@ func (wp *webhookProxy) run(ctx context.Context, ln, metricsLn net.Listener) err
 		}
 		go func() { serveErr <- metricsSrv.Serve(metricsLn) }()
 	}
-	logger.Info("Serving webhooks", "listen", ln.Addr().String(), "backend", wp.proxy.Backend.Redacted(), "profile", wp.rewriter.Name(), "metrics", wp.opts.metricsAddr)
+	logger.Info("Serving webhooks", "listen", ln.Addr().String(), "backend", wp.proxy.Backend.Redacted(), "profile", wp.rewriter.Name(), "metrics", wp.opts.metricsBindAddress)
 
 	var failed error
 	select {

@@ -73,7 +73,7 @@ func TestWebhookProxyFlags(t *testing.T) {
 	f := newWebhookProxyFiles(t)
 	invalid := f.write(t, "invalid.yaml", strings.Replace(oneProfile, "kindPrefix: Renamed", "kindPrefix: renamed", 1))
 	unknown := f.write(t, "unknown.yaml", oneProfile+"  colour: blue\n")
-	certs := []string{"--tls-cert-file", f.cert, "--tls-private-key-file", f.key, "--listen", "127.0.0.1:0"}
+	certs := []string{"--tls-cert-file", f.cert, "--tls-private-key-file", f.key, "--listen-address", "127.0.0.1:0"}
 	withCerts := func(args ...string) []string { return append(append([]string{}, certs...), args...) }
 	for _, tc := range []struct {
 		name string
@@ -92,12 +92,12 @@ func TestWebhookProxyFlags(t *testing.T) {
 		{"unknown field", withCerts("--backend", "https://127.0.0.1:9443", "--rewrite-config", unknown), "colour"},
 		{"profile required", withCerts("--backend", "https://127.0.0.1:9443", "--rewrite-config", f.two), "--profile is required: " + f.two + " has 2 profiles (widgets, gadgets)"},
 		{"unknown profile", withCerts("--backend", "https://127.0.0.1:9443", "--rewrite-config", f.two, "--profile", "nope"), `--profile "nope": ` + f.two + " has no such profile (it has widgets, gadgets)"},
-		{"listen", withCerts("--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one, "--listen", "9444"), `--listen "9444": must be host:port`},
-		{"metrics address", withCerts("--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one, "--metrics-addr", "localhost"), `--metrics-addr "localhost": must be host:port`},
+		{"listen", withCerts("--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one, "--listen-address", "9444"), `--listen-address "9444": must be host:port`},
+		{"metrics address", withCerts("--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one, "--metrics-bind-address", "localhost"), `--metrics-bind-address "localhost": must be host:port`},
 		{"timeout", withCerts("--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one, "--timeout", "0s"), "--timeout 0s must be positive"},
 		{"body limit", withCerts("--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one, "--max-body-bytes", "0"), "--max-body-bytes 0 must be positive"},
-		{"unreadable certificate", []string{"--tls-cert-file", filepath.Join(f.dir, "nope.crt"), "--tls-private-key-file", f.key, "--listen", "127.0.0.1:0", "--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one}, "--tls-cert-file: loading the serving certificate"},
-		{"certificate and key apart", []string{"--tls-cert-file", f.cert, "--tls-private-key-file", f.one, "--listen", "127.0.0.1:0", "--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one}, "--tls-cert-file: loading the serving certificate"},
+		{"unreadable certificate", []string{"--tls-cert-file", filepath.Join(f.dir, "nope.crt"), "--tls-private-key-file", f.key, "--listen-address", "127.0.0.1:0", "--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one}, "--tls-cert-file: loading the serving certificate"},
+		{"certificate and key apart", []string{"--tls-cert-file", f.cert, "--tls-private-key-file", f.one, "--listen-address", "127.0.0.1:0", "--backend", "https://127.0.0.1:9443", "--rewrite-config", f.one}, "--tls-cert-file: loading the serving certificate"},
 		{"unreadable backend CA", withCerts("--backend", "https://127.0.0.1:9443", "--backend-ca-file", filepath.Join(f.dir, "nope.crt"), "--rewrite-config", f.one), "--backend-ca-file: loading the backend CA bundle"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -148,11 +148,11 @@ func TestWebhookProxyServes(t *testing.T) {
 	ca := f.write(t, "backend-ca.crt", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: backend.Certificate().Raw})))
 
 	o := &webhookProxyOptions{
-		listen: "127.0.0.1:0", certFile: f.cert, keyFile: f.key,
+		listenAddress: "127.0.0.1:0", certFile: f.cert, keyFile: f.key,
 		// httptest's certificate names example.com.
 		backend: backend.URL, backendCAFile: ca, backendServerName: "example.com",
 		rewriteConfig: f.one, timeout: 10 * time.Second, maxBodyBytes: 1 << 20, gracePeriod: 10 * time.Second,
-		metricsAddr: "127.0.0.1:0",
+		metricsBindAddress: "127.0.0.1:0",
 	}
 	wp, err := o.complete()
 	if err != nil {
