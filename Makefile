@@ -190,7 +190,7 @@ test-repeat-e2e: deps control-plane
 FUZZ_EXECS ?= 3000
 FUZZ_TARGETS ?= ./agent/serving:FuzzForwardRequest ./cache:FuzzCacheDecision \
 	./agent/rewrite:FuzzRoundTripGenerated ./agent/rewrite:FuzzRoundTrip \
-	./agent/rewriting:FuzzSelectedRequest
+	./agent/rewriting:FuzzSelectedRequest ./agent/rewrite:FuzzOpenAPIV3
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 	  echo "fuzz $$t ($(FUZZ_EXECS) inputs)"; \
