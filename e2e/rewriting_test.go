@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -86,8 +87,8 @@ var (
 // server-side from the pod,
 // then every step sees only the original names, kube-apiserver holds only
 // renamed objects (read directly), the webhooks saw only original names,
-// the denial names the original kind, and `kubectl auth can-i` answers in
-// the original names.
+// the denial names the original kind, and `kubectl auth can-i` and
+// `kubectl explain` (OpenAPI v3) answer in the original names.
 // When a ServiceAccount the profile selects but RBAC does not allow reads
 // widgets, then it gets kube-apiserver's 403, in the original names.
 // When the operator lists ConfigMaps the agent caches, then the cache
@@ -226,6 +227,15 @@ func TestRewriting(t *testing.T) {
 		// (its Role names renamed.example.io), in its own names.
 		if out := mustKubectl(t, ctx, opA, "auth", "can-i", "create", "widgets.example.com"); strings.TrimSpace(out) != "yes" {
 			t.Errorf("kubectl auth can-i create widgets.example.com: %q, want yes", out)
+		}
+		// kubectl explain finds the kind in the OpenAPI v3 document of
+		// the renamed group, read under the original names: v2's
+		// schema (spec.dimensions).
+		explained := mustKubectl(t, ctx, opA, "explain", "widgets.example.com.spec")
+		if !regexp.MustCompile(`GROUP:\s+example\.com\n`).MatchString(explained) || !regexp.MustCompile(`KIND:\s+Widget\n`).MatchString(explained) ||
+			!regexp.MustCompile(`VERSION:\s+v2\n`).MatchString(explained) || !strings.Contains(explained, "dimensions") ||
+			strings.Contains(strings.ToLower(explained), "renamed") {
+			t.Errorf("kubectl explain widgets.example.com.spec:\n%s", explained)
 		}
 	})
 

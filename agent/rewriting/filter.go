@@ -117,10 +117,11 @@ func (f *Filter) Wrap(next http.Handler) http.Handler {
 	}
 	renamed := apihttp.WithRequestInfo(next)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !apiPath(r.URL.Path) || untouched(r) {
+		openAPI := openAPIV3Path(r.URL.Path)
+		if (!apiPath(r.URL.Path) && !openAPI) || untouched(r) {
 			// /version, health and metrics carry no API names; the
-			// OpenAPI documents, proxies, logs and streams are passed
-			// as they are (docs/concepts/rewriting.md).
+			// OpenAPI v2 document, proxies, logs and streams are
+			// passed as they are (docs/concepts/rewriting.md).
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -130,10 +131,68 @@ func (f *Filter) Wrap(next http.Handler) http.Handler {
 			f.refuseUnidentified(w, r, err)
 		case rw == nil:
 			next.ServeHTTP(w, r)
+		case openAPI:
+			f.serveOpenAPIV3(w, r, rw, renamed)
 		default:
 			f.serve(w, r, rw, renamed)
 		}
 	})
+}
+
+// openAPIV3Path says whether path is under /openapi/v3: the index of the
+// OpenAPI v3 documents and the document of each group version.
+func openAPIV3Path(path string) bool {
+	rest, ok := strings.CutPrefix(path, "/openapi/v3")
+	return ok && (rest == "" || rest[0] == '/')
+}
+
+// serveOpenAPIV3 serves a selected caller's request for the index of
+// OpenAPI v3 documents or a renamed group's document: the document is
+// asked for under the group's other name and answered in JSON,
+// rewritten. Documents of other groups carry none of the profile's
+// names and go as they are.
+func (f *Filter) serveOpenAPIV3(w http.ResponseWriter, r *http.Request, rw *rewrite.Rewriter, next http.Handler) {
+	path, what := rw.OpenAPIV3Path(r.URL.Path)
+	if what == rewrite.OpenAPIV3None {
+		next.ServeHTTP(w, r)
+		return
+	}
+	profile := rw.Name()
+	accept, ok := rewrite.AcceptJSON(r.Header.Get("Accept"))
+	if !ok {
+		f.metrics.request(profile, outcomeRefused)
+		apihttp.WriteStatus(w, r, newStatusError(http.StatusNotAcceptable, metav1.StatusReasonNotAcceptable,
+			fmt.Sprintf("rewrite profile %s answers in JSON only; the request accepts %q", profile, r.Header.Get("Accept"))))
+		return
+	}
+	out := r.Clone(r.Context())
+	out.URL.Path, out.URL.RawPath = path, ""
+	out.RequestURI = out.URL.RequestURI()
+	out.Header.Set("Accept", accept)
+	out.Header.Del("Accept-Encoding")
+	document := rw.OpenAPIV3DocumentJSON
+	if what == rewrite.OpenAPIV3Index {
+		document = rw.OpenAPIV3IndexJSON
+	}
+	f.relay(w, out, rw, next, func(rec *response) {
+		rec.document, rec.location = document, rw.OpenAPIV3Location
+	})
+}
+
+// relay lets next answer out, a request renamed for rw, and restores the
+// answer before w sees it; with, if not nil, sets how.
+func (f *Filter) relay(w http.ResponseWriter, out *http.Request, rw *rewrite.Rewriter, next http.Handler, with func(*response)) {
+	rec := newResponse(w, out, rw, f.memos[rw], f.maxResponse, f.budget, f.budgetCap)
+	if with != nil {
+		with(rec)
+	}
+	completed := false
+	defer func() {
+		rec.end(completed)
+		f.metrics.request(rw.Name(), rec.outcome())
+	}()
+	next.ServeHTTP(rec, out)
+	completed = true
 }
 
 // untouchedSubresources carry no API names, or carry bytes a pod chose:
@@ -217,14 +276,7 @@ func (f *Filter) serve(w http.ResponseWriter, r *http.Request, rw *rewrite.Rewri
 		next.ServeHTTP(w, out)
 		return
 	}
-	rec := newResponse(w, out, rw, f.memos[rw], f.maxResponse, f.budget, f.budgetCap)
-	completed := false
-	defer func() {
-		rec.end(completed)
-		f.metrics.request(profile, rec.outcome())
-	}()
-	next.ServeHTTP(rec, out)
-	completed = true
+	f.relay(w, out, rw, next, nil)
 }
 
 // renameRequest returns r renamed for rw: path and query, Accept narrowed

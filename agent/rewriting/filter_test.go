@@ -400,7 +400,7 @@ func TestOnlyAPIPathsRewritten(t *testing.T) {
 	op := fakeToken(operatorSA, "1")
 	rev.users[op] = operatorSA
 	h, last := newChain(t, rev, jsonAnswer(renamedWidget))
-	for _, p := range []string{"/openapi/v3/apis/renamed.example.io/v1", "/version", "/apisx/renamed.example.io"} {
+	for _, p := range []string{"/openapi/v2", "/openapi/v3x", "/version", "/apisx/renamed.example.io"} {
 		w := do(t, h, "GET", p, op, "application/com.github.proto-openapi.spec.v3@v1.0+protobuf", "", "")
 		if last().path != p || last().accept != "application/com.github.proto-openapi.spec.v3@v1.0+protobuf" || w.Body.String() != renamedWidget+"\n" {
 			t.Errorf("%s was rewritten: %+v", p, last())
@@ -616,5 +616,77 @@ func TestNonJSONWatchNotHeld(t *testing.T) {
 	w := do(t, h, "GET", "/apis/example.com/v1/widgets?watch=1", op, "", "", "")
 	if strings.Contains(w.Body.String(), "ADDED") {
 		t.Errorf("a YAML watch reached the caller: %q", w.Body)
+	}
+}
+
+// TestOpenAPIV3Rewritten: a selected caller reads the index of OpenAPI v3
+// documents and a renamed group's document in the original names, and
+// follows a stale hash's redirect to the original name; documents of
+// other groups, and every document for other callers, go as they are.
+func TestOpenAPIV3Rewritten(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	const (
+		renamedIndex  = `{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=01"},"apis/renamed.example.io/v1":{"serverRelativeURL":"/openapi/v3/apis/renamed.example.io/v1?hash=02"}}}`
+		originalIndex = `{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=01"},"apis/example.com/v1":{"serverRelativeURL":"/openapi/v3/apis/example.com/v1?hash=02"}}}`
+		renamedDoc    = `{"components":{"schemas":{"io.example.renamed.v1.RenamedWidget":{"x-kubernetes-group-version-kind":[{"group":"renamed.example.io","kind":"RenamedWidget","version":"v1"}]}}},"paths":{"/apis/renamed.example.io/v1/widgets":{"get":{"responses":{"200":{"$ref":"#/components/schemas/io.example.renamed.v1.RenamedWidget"}}}}}}`
+		originalDoc   = `{"components":{"schemas":{"com.example.v1.Widget":{"x-kubernetes-group-version-kind":[{"group":"example.com","kind":"Widget","version":"v1"}]}}},"paths":{"/apis/example.com/v1/widgets":{"get":{"responses":{"200":{"$ref":"#/components/schemas/com.example.v1.Widget"}}}}}}`
+	)
+	h, last := newChain(t, rev, func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/openapi/v3":
+			// As kube-apiserver serves it.
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_, _ = io.WriteString(w, renamedIndex)
+		case r.URL.Query().Get("hash") == "old":
+			http.Redirect(w, r, r.URL.Path+"?hash=02", http.StatusMovedPermanently)
+		case r.URL.Path == "/openapi/v3/apis/renamed.example.io/v1":
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("Etag", `"02"`)
+			_, _ = io.WriteString(w, renamedDoc)
+		default:
+			w.Header().Set("Content-Type", "application/com.github.proto-openapi.spec.v3@v1.0+protobuf")
+			_, _ = io.WriteString(w, "\x0a\x05proto")
+		}
+	})
+
+	if w := do(t, h, "GET", "/openapi/v3", op, "application/json, */*", "", ""); w.Code != 200 || w.Body.String() != originalIndex {
+		t.Errorf("the index: %d %s\nwant %s", w.Code, w.Body, originalIndex)
+	}
+	w := do(t, h, "GET", "/openapi/v3/apis/example.com/v1?hash=02", op, "application/json", "", "")
+	if w.Code != 200 || w.Body.String() != originalDoc || w.Header().Get("Etag") != `"02"` {
+		t.Errorf("the renamed group's document: %d %s %v\nwant %s", w.Code, w.Body, w.Header(), originalDoc)
+	}
+	if s := last(); s.path != "/openapi/v3/apis/renamed.example.io/v1" || s.query != "hash=02" || s.accept != "application/json" || s.acceptEncoding != "" {
+		t.Errorf("upstream request %+v", s)
+	}
+	w = do(t, h, "GET", "/openapi/v3/apis/example.com/v1?hash=old", op, "application/json", "", "")
+	if loc := w.Header().Get("Location"); w.Code != http.StatusMovedPermanently || loc != "/openapi/v3/apis/example.com/v1?hash=02" || strings.Contains(w.Body.String(), "renamed") {
+		t.Errorf("a stale hash: %d, Location %q, body %q", w.Code, loc, w.Body)
+	}
+	if w := do(t, h, "GET", "/openapi/v3/apis/example.com/v1", op, "application/com.github.proto-openapi.spec.v3@v1.0+protobuf", "", ""); w.Code != http.StatusNotAcceptable {
+		t.Errorf("the renamed group's document in protobuf only: %d %s, want 406", w.Code, w.Body)
+	}
+	// Other groups' documents are passed as they are, in any encoding.
+	if w := do(t, h, "GET", "/openapi/v3/apis/apps/v1", op, "application/com.github.proto-openapi.spec.v3@v1.0+protobuf", "", ""); w.Code != 200 || w.Body.String() != "\x0a\x05proto" {
+		t.Errorf("another group's document: %d %q", w.Code, w.Body)
+	}
+	if s := last(); s.path != "/openapi/v3/apis/apps/v1" || s.acceptEncoding != "gzip" {
+		t.Errorf("another group's document was asked for as %+v", s)
+	}
+	// A caller no profile selects gets the cluster's names.
+	calls := rev.calls
+	other := fakeToken(otherSA, "2")
+	if w := do(t, h, "GET", "/openapi/v3", other, "application/json", "", ""); w.Body.String() != renamedIndex {
+		t.Errorf("the index for another caller: %s", w.Body)
+	}
+	if rev.calls != calls {
+		t.Errorf("%d reviews of a caller no profile selects", rev.calls-calls)
+	}
+	for p, want := range map[string]bool{"/openapi/v3": true, "/openapi/v3/": true, "/openapi/v3/apis/x/v1": true, "/openapi/v3x": false, "/openapi/v2": false} {
+		if got := openAPIV3Path(p); got != want {
+			t.Errorf("openAPIV3Path(%q) = %v", p, got)
+		}
 	}
 }

@@ -71,6 +71,14 @@ type response struct {
 	// failed says the answer could not be rewritten; passed that it
 	// carried no names.
 	failed, passed bool
+
+	// document, when set, rewrites a whole JSON answer in place of the
+	// rewriter's objects (an OpenAPI document); such answers are not
+	// memoised. location, when set, rewrites a redirect's Location,
+	// whose body is then dropped (it repeats the location).
+	document     func([]byte) ([]byte, error)
+	location     func(string) string
+	dropRedirect bool
 }
 
 func newResponse(w http.ResponseWriter, req *http.Request, rw *rewrite.Rewriter, m *memos, max int64, budget *semaphore.Weighted, budgetCap int64) *response {
@@ -124,8 +132,18 @@ func (s *response) WriteHeader(code int) {
 	case mediaText:
 		s.mode = modePass
 	}
+	if s.document != nil && code == http.StatusOK && s.mode == modePass {
+		// kube-apiserver serves the index of the OpenAPI v3 documents
+		// as text/plain; it is JSON all the same.
+		s.mode = modeBuffer
+	}
 	if s.req.Method == http.MethodHead {
 		s.mode = modePass
+	}
+	if loc := s.w.Header().Get("Location"); s.location != nil && loc != "" && code >= 300 && code < 400 {
+		s.w.Header().Set("Location", s.location(loc))
+		s.w.Header().Del("Content-Length")
+		s.mode, s.dropRedirect = modePass, true
 	}
 	if code == http.StatusOK && apihttp.IsWatch(s.req) && s.mode != modePass {
 		// A watch is never held whole: it may last an hour. One that is
@@ -158,6 +176,9 @@ func (s *response) Write(b []byte) (int, error) {
 	}
 	switch s.mode {
 	case modePass:
+		if s.dropRedirect {
+			return len(b), nil
+		}
 		return s.w.Write(b)
 	case modeStream:
 		return s.pw.Write(b)
@@ -268,6 +289,10 @@ func (s *response) plainBody() ([]byte, error) {
 func (s *response) restore(body []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return body, nil
+	}
+	if s.document != nil && s.code == http.StatusOK {
+		// Other answers are Status errors, rewritten as objects.
+		return s.document(body)
 	}
 	if mediaKind(s.contentType) == mediaYAML {
 		j, err := yaml.YAMLToJSON(body)
