@@ -110,29 +110,44 @@ func (r *Rewriter) OpenAPIV3DocumentJSON(data []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	names := map[string]string{}
+	// names: the kinds' schemas renamed; modes: how each schema's
+	// group-version-kind extensions are rewritten.
+	names, modes := map[string]string{}, map[string]gvkMode{}
 	if components, ok := doc["components"].(map[string]any); ok {
 		if schemas, ok := components["schemas"].(map[string]any); ok {
 			for name, s := range schemas {
-				if to, ok := r.schemaName(name, s); ok {
+				to, mode := r.schemaMode(name, s)
+				modes[name] = mode
+				if mode == gvkKind {
 					names[name] = to
 				}
 			}
 			// A name taken by a schema that stays keeps its schema: no
-			// schema is dropped for another (kube-apiserver's documents
-			// name no schema so).
+			// schema is dropped for another, and the kind's schema is
+			// left as it is (kube-apiserver's documents name no schema
+			// so).
 			for dropped := true; dropped; {
 				dropped = false
 				for from, to := range names {
 					if _, taken := schemas[to]; taken && names[to] == "" {
 						delete(names, from)
+						modes[from] = gvkKeep
 						dropped = true
 					}
 				}
 			}
+			// References follow a rename both ways: one to the other
+			// side's name of a kind is one to its name after the swap.
+			refs := map[string]string{}
+			for from, to := range names {
+				refs[from] = to
+				if _, ok := names[to]; !ok {
+					refs[to] = from
+				}
+			}
+			names = refs
 			for name, s := range schemas {
-				_, kind := names[name]
-				r.openAPIV3Walk(s, names, kind)
+				r.openAPIV3Walk(s, names, modes[name])
 			}
 			if len(names) > 0 {
 				components["schemas"] = mapKeys(schemas, func(k string) string {
@@ -145,12 +160,12 @@ func (r *Rewriter) OpenAPIV3DocumentJSON(data []byte) ([]byte, error) {
 		}
 		for k, c := range components {
 			if k != "schemas" {
-				r.openAPIV3Walk(c, names, false)
+				r.openAPIV3Walk(c, names, gvkGroup)
 			}
 		}
 	}
 	if paths, ok := doc["paths"].(map[string]any); ok {
-		r.openAPIV3Walk(paths, names, true)
+		r.openAPIV3Walk(paths, names, gvkKind)
 		doc["paths"] = mapKeys(paths, func(k string) string {
 			p, _, _ := r.RequestPath(k, nil)
 			return p
@@ -159,14 +174,27 @@ func (r *Rewriter) OpenAPIV3DocumentJSON(data []byte) ([]byte, error) {
 	return Encode(doc)
 }
 
+// gvkMode is how the group-version-kind extensions of a part of a
+// document are rewritten.
+type gvkMode int
+
+const (
+	// gvkGroup swaps the group only: the schemas of other kinds
+	// (DeleteOptions, WatchEvent) list the groups that use them, under
+	// their own kind.
+	gvkGroup gvkMode = iota
+	// gvkKind swaps the group and the kind: the extensions of the
+	// operations on a renamed group's resources and of its kinds'
+	// schemas name kinds of the group.
+	gvkKind
+	// gvkKeep leaves them: a schema whose name says it is the other
+	// side's kind, or whose name is taken on the other side.
+	gvkKeep
+)
+
 // openAPIV3Walk rewrites, anywhere in v, the group-version-kind
-// extensions and the references to the renamed schemas. kinds says
-// whether the extensions in v name kinds of their group: those of the
-// operations on a renamed group's resources and of its kinds' schemas,
-// whose kinds are swapped with their group. Elsewhere only the group is:
-// the schemas of other kinds (DeleteOptions, WatchEvent) list the groups
-// that use them, under their own kind.
-func (r *Rewriter) openAPIV3Walk(v any, names map[string]string, kinds bool) {
+// extensions as mode says and the references to the renamed schemas.
+func (r *Rewriter) openAPIV3Walk(v any, names map[string]string, mode gvkMode) {
 	switch v := v.(type) {
 	case map[string]any:
 		for k, e := range v {
@@ -177,9 +205,11 @@ func (r *Rewriter) openAPIV3Walk(v any, names map[string]string, kinds bool) {
 					gvks = []any{e}
 				}
 				for _, gvk := range gvks {
-					if kinds {
-						r.groupVersionKind(gvk, "")
-					} else if m, ok := gvk.(map[string]any); ok {
+					switch m, _ := gvk.(map[string]any); {
+					case m == nil || mode == gvkKeep:
+					case mode == gvkKind:
+						r.groupVersionKind(m, "")
+					default:
 						swapString(m, "group", r.Group)
 					}
 				}
@@ -194,39 +224,43 @@ func (r *Rewriter) openAPIV3Walk(v any, names map[string]string, kinds bool) {
 					continue
 				}
 			}
-			r.openAPIV3Walk(e, names, kinds)
+			r.openAPIV3Walk(e, names, mode)
 		}
 	case []any:
 		for _, e := range v {
-			r.openAPIV3Walk(e, names, kinds)
+			r.openAPIV3Walk(e, names, mode)
 		}
 	}
 }
 
-// schemaName returns the name of schema s, called name, on the other side
-// of the swap: when s is the schema of kinds of a renamed group and name
-// is the one kube-apiserver gives the first of them.
-func (r *Rewriter) schemaName(name string, s any) (string, bool) {
-	schema, ok := s.(map[string]any)
-	if !ok {
-		return "", false
+// schemaMode says how schema s, called name, is rewritten, and for a
+// kind's schema its name on the other side of the swap. A kind's schema
+// is one whose first group-version-kind names a renamed group and whose
+// name is the one kube-apiserver gives that kind; versions and kinds with
+// dots are not read as such, so that no two kinds share a name. A schema
+// named as its kind's counterpart on the other side is left as it is, so
+// that the decision is the same before and after a swap.
+func (r *Rewriter) schemaMode(name string, s any) (string, gvkMode) {
+	schema, _ := s.(map[string]any)
+	gvks, _ := schema["x-kubernetes-group-version-kind"].([]any)
+	if len(gvks) == 0 {
+		return "", gvkGroup
 	}
-	gvks, ok := schema["x-kubernetes-group-version-kind"].([]any)
-	if !ok || len(gvks) == 0 {
-		return "", false
-	}
-	gvk, ok := gvks[0].(map[string]any)
-	if !ok {
-		return "", false
-	}
+	gvk, _ := gvks[0].(map[string]any)
 	group, _ := gvk["group"].(string)
 	version, _ := gvk["version"].(string)
 	kind, _ := gvk["kind"].(string)
-	if !r.Renamed(group) || version == "" || kind == "" || name != schemaNameOf(group, version, kind) {
-		return "", false
+	if !r.Renamed(group) || version == "" || kind == "" || strings.Contains(version, ".") || strings.Contains(kind, ".") {
+		return "", gvkGroup
 	}
 	g, k := r.Kind(group, kind)
-	return schemaNameOf(g, version, k), true
+	switch name {
+	case schemaNameOf(group, version, kind):
+		return schemaNameOf(g, version, k), gvkKind
+	case schemaNameOf(g, version, kind):
+		return "", gvkKeep
+	}
+	return "", gvkGroup
 }
 
 // schemaNameOf is the name kube-apiserver gives the schema of a kind of a

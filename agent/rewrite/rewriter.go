@@ -1,6 +1,9 @@
 package rewrite
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,6 +16,8 @@ import (
 // state that changes: one Rewriter serves any number of goroutines.
 type Rewriter struct {
 	name string
+	// fingerprint identifies the profile's content (Fingerprint).
+	fingerprint string
 
 	// serviceAccounts ("namespace/name") and namespaces select callers.
 	serviceAccounts map[string]bool
@@ -37,8 +42,14 @@ func New(p v1alpha1.RewriteProfile) (*Rewriter, error) {
 	if errs := v1alpha1.ValidateProfile(&p, field.NewPath("profile")); len(errs) > 0 {
 		return nil, fmt.Errorf("rewrite profile %q: %w", p.Name, errs.ToAggregate())
 	}
+	spec, err := json.Marshal(p)
+	if err != nil {
+		return nil, fmt.Errorf("rewrite profile %q: %w", p.Name, err)
+	}
+	sum := sha256.Sum256(spec)
 	r := &Rewriter{
 		name:            p.Name,
+		fingerprint:     hex.EncodeToString(sum[:6]),
 		serviceAccounts: map[string]bool{},
 		namespaces:      map[string]bool{},
 		groups:          map[string]string{},
@@ -71,6 +82,12 @@ func New(p v1alpha1.RewriteProfile) (*Rewriter, error) {
 	slices.SortFunc(r.groupNames, func(a, b string) int { return len(b) - len(a) })
 	return r, nil
 }
+
+// Fingerprint is a short hex digest of the profile: two rewriters with
+// the same fingerprint rewrite alike. Answers a client may keep (OpenAPI
+// documents) carry it in their validators, so that what was rewritten
+// under one profile is not taken for what another would give.
+func (r *Rewriter) Fingerprint() string { return r.fingerprint }
 
 // Name is the profile's name.
 func (r *Rewriter) Name() string { return r.name }

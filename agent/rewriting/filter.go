@@ -139,46 +139,6 @@ func (f *Filter) Wrap(next http.Handler) http.Handler {
 	})
 }
 
-// openAPIV3Path says whether path is under /openapi/v3: the index of the
-// OpenAPI v3 documents and the document of each group version.
-func openAPIV3Path(path string) bool {
-	rest, ok := strings.CutPrefix(path, "/openapi/v3")
-	return ok && (rest == "" || rest[0] == '/')
-}
-
-// serveOpenAPIV3 serves a selected caller's request for the index of
-// OpenAPI v3 documents or a renamed group's document: the document is
-// asked for under the group's other name and answered in JSON,
-// rewritten. Documents of other groups carry none of the profile's
-// names and go as they are.
-func (f *Filter) serveOpenAPIV3(w http.ResponseWriter, r *http.Request, rw *rewrite.Rewriter, next http.Handler) {
-	path, what := rw.OpenAPIV3Path(r.URL.Path)
-	if what == rewrite.OpenAPIV3None {
-		next.ServeHTTP(w, r)
-		return
-	}
-	profile := rw.Name()
-	accept, ok := rewrite.AcceptJSON(r.Header.Get("Accept"))
-	if !ok {
-		f.metrics.request(profile, outcomeRefused)
-		apihttp.WriteStatus(w, r, newStatusError(http.StatusNotAcceptable, metav1.StatusReasonNotAcceptable,
-			fmt.Sprintf("rewrite profile %s answers in JSON only; the request accepts %q", profile, r.Header.Get("Accept"))))
-		return
-	}
-	out := r.Clone(r.Context())
-	out.URL.Path, out.URL.RawPath = path, ""
-	out.RequestURI = out.URL.RequestURI()
-	out.Header.Set("Accept", accept)
-	out.Header.Del("Accept-Encoding")
-	document := rw.OpenAPIV3DocumentJSON
-	if what == rewrite.OpenAPIV3Index {
-		document = rw.OpenAPIV3IndexJSON
-	}
-	f.relay(w, out, rw, next, func(rec *response) {
-		rec.document, rec.location = document, rw.OpenAPIV3Location
-	})
-}
-
 // relay lets next answer out, a request renamed for rw, and restores the
 // answer before w sees it; with, if not nil, sets how.
 func (f *Filter) relay(w http.ResponseWriter, out *http.Request, rw *rewrite.Rewriter, next http.Handler, with func(*response)) {
@@ -276,7 +236,7 @@ func (f *Filter) serve(w http.ResponseWriter, r *http.Request, rw *rewrite.Rewri
 		next.ServeHTTP(w, out)
 		return
 	}
-	f.relay(w, out, rw, next, nil)
+	f.relay(w, out, rw, next, func(rec *response) { rec.headers = validators(rw.Fingerprint()) })
 }
 
 // renameRequest returns r renamed for rw: path and query, Accept narrowed
@@ -304,6 +264,7 @@ func (f *Filter) renameRequest(r *http.Request, rw *rewrite.Rewriter) (*http.Req
 		}
 		out.Header.Set("Accept", accept)
 		out.Header.Del("Accept-Encoding")
+		untagConditions(out.Header, rw.Fingerprint())
 	}
 	if r.Body == nil || r.Body == http.NoBody || r.ContentLength == 0 {
 		return out, nil

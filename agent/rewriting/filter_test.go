@@ -620,27 +620,40 @@ func TestNonJSONWatchNotHeld(t *testing.T) {
 }
 
 // TestOpenAPIV3Rewritten: a selected caller reads the index of OpenAPI v3
-// documents and a renamed group's document in the original names, and
-// follows a stale hash's redirect to the original name; documents of
-// other groups, and every document for other callers, go as they are.
+// documents and a renamed group's document in the original names, with
+// validators of the profile's own, and follows a stale hash's redirect to
+// the original name; documents of other groups, and every document for
+// other callers, go as they are.
 func TestOpenAPIV3Rewritten(t *testing.T) {
 	rev := &reviewer{users: map[string]string{}}
 	op := fakeToken(operatorSA, "1")
 	rev.users[op] = operatorSA
+	fp := testProfiles(t)[0].Fingerprint()
 	const (
-		renamedIndex  = `{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=01"},"apis/renamed.example.io/v1":{"serverRelativeURL":"/openapi/v3/apis/renamed.example.io/v1?hash=02"}}}`
-		originalIndex = `{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=01"},"apis/example.com/v1":{"serverRelativeURL":"/openapi/v3/apis/example.com/v1?hash=02"}}}`
-		renamedDoc    = `{"components":{"schemas":{"io.example.renamed.v1.RenamedWidget":{"x-kubernetes-group-version-kind":[{"group":"renamed.example.io","kind":"RenamedWidget","version":"v1"}]}}},"paths":{"/apis/renamed.example.io/v1/widgets":{"get":{"responses":{"200":{"$ref":"#/components/schemas/io.example.renamed.v1.RenamedWidget"}}}}}}`
-		originalDoc   = `{"components":{"schemas":{"com.example.v1.Widget":{"x-kubernetes-group-version-kind":[{"group":"example.com","kind":"Widget","version":"v1"}]}}},"paths":{"/apis/example.com/v1/widgets":{"get":{"responses":{"200":{"$ref":"#/components/schemas/com.example.v1.Widget"}}}}}}`
+		renamedIndex = `{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=01"},"apis/renamed.example.io/v1":{"serverRelativeURL":"/openapi/v3/apis/renamed.example.io/v1?hash=02"}}}`
+		renamedDoc   = `{"components":{"schemas":{"io.example.renamed.v1.RenamedWidget":{"x-kubernetes-group-version-kind":[{"group":"renamed.example.io","kind":"RenamedWidget","version":"v1"}]}}},"paths":{"/apis/renamed.example.io/v1/widgets":{"get":{"responses":{"200":{"$ref":"#/components/schemas/io.example.renamed.v1.RenamedWidget"}}}}}}`
+		originalDoc  = `{"components":{"schemas":{"com.example.v1.Widget":{"x-kubernetes-group-version-kind":[{"group":"example.com","kind":"Widget","version":"v1"}]}}},"paths":{"/apis/example.com/v1/widgets":{"get":{"responses":{"200":{"$ref":"#/components/schemas/com.example.v1.Widget"}}}}}}`
 	)
+	originalIndex := `{"paths":{"api/v1":{"serverRelativeURL":"/openapi/v3/api/v1?hash=01"},"apis/example.com/v1":{"serverRelativeURL":"/openapi/v3/apis/example.com/v1?hash=02-` + fp + `"}}}`
+	indexType := "text/plain; charset=utf-8"
+	var lastHeader http.Header
 	h, last := newChain(t, rev, func(w http.ResponseWriter, r *http.Request) {
+		lastHeader = r.Header.Clone()
 		switch {
 		case r.URL.Path == "/openapi/v3":
-			// As kube-apiserver serves it.
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("Content-Type", indexType)
+			w.Header().Set("Etag", `"I"`)
+			w.Header().Set("Last-Modified", "Sun, 29 Nov 2026 05:43:55 GMT")
 			_, _ = io.WriteString(w, renamedIndex)
 		case r.URL.Query().Get("hash") == "old":
 			http.Redirect(w, r, r.URL.Path+"?hash=02", http.StatusMovedPermanently)
+		case r.URL.Path == "/openapi/v3/apis/renamed.example.io/v1" && r.Header.Get("If-None-Match") == `"02"`:
+			w.Header().Set("Etag", `"02"`)
+			w.WriteHeader(http.StatusNotModified)
+		case r.URL.Path == "/openapi/v3/apis/renamed.example.io/v1" && r.Header.Get("X-Test-Partial") != "":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusPartialContent)
+			_, _ = io.WriteString(w, renamedDoc[:20])
 		case r.URL.Path == "/openapi/v3/apis/renamed.example.io/v1":
 			w.Header().Set("Content-Type", "application/json")
 			w.Header().Set("Etag", `"02"`)
@@ -650,26 +663,71 @@ func TestOpenAPIV3Rewritten(t *testing.T) {
 			_, _ = io.WriteString(w, "\x0a\x05proto")
 		}
 	})
-
-	if w := do(t, h, "GET", "/openapi/v3", op, "application/json, */*", "", ""); w.Code != 200 || w.Body.String() != originalIndex {
-		t.Errorf("the index: %d %s\nwant %s", w.Code, w.Body, originalIndex)
+	get := func(target, accept string, header ...string) *httptest.ResponseRecorder {
+		t.Helper()
+		r := httptest.NewRequest("GET", target, nil)
+		r.Header.Set("Authorization", "Bearer "+op)
+		r.Header.Set("Accept", accept)
+		r.Header.Set("Accept-Encoding", "gzip")
+		for i := 0; i+1 < len(header); i += 2 {
+			r.Header.Add(header[i], header[i+1])
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w
 	}
-	w := do(t, h, "GET", "/openapi/v3/apis/example.com/v1?hash=02", op, "application/json", "", "")
-	if w.Code != 200 || w.Body.String() != originalDoc || w.Header().Get("Etag") != `"02"` {
+
+	// The index, as kube-apiserver types it (text/plain) and as JSON,
+	// whatever the caller accepts.
+	for _, typ := range []string{"text/plain; charset=utf-8", "application/json"} {
+		indexType = typ
+		w := get("/openapi/v3", "application/com.github.proto-openapi.spec.v3@v1.0+protobuf", "Range", "bytes=0-9", "If-Modified-Since", "Sun, 29 Nov 2026 05:43:55 GMT")
+		if w.Code != 200 || w.Body.String() != originalIndex || w.Header().Get("Etag") != `"I-`+fp+`"` || w.Header().Get("Last-Modified") != "" {
+			t.Errorf("the index as %s: %d %s %v\nwant %s", typ, w.Code, w.Body, w.Header(), originalIndex)
+		}
+		if lastHeader.Get("Accept") != "application/json" || lastHeader.Get("Range") != "" || lastHeader.Get("If-Modified-Since") != "" {
+			t.Errorf("the index was asked for with %v", lastHeader)
+		}
+	}
+	// The document, at the hash the index gave.
+	w := get("/openapi/v3/apis/example.com/v1?hash=02-"+fp, "application/json")
+	if w.Code != 200 || w.Body.String() != originalDoc || w.Header().Get("Etag") != `"02-`+fp+`"` {
 		t.Errorf("the renamed group's document: %d %s %v\nwant %s", w.Code, w.Body, w.Header(), originalDoc)
 	}
 	if s := last(); s.path != "/openapi/v3/apis/renamed.example.io/v1" || s.query != "hash=02" || s.accept != "application/json" || s.acceptEncoding != "" {
 		t.Errorf("upstream request %+v", s)
 	}
-	w = do(t, h, "GET", "/openapi/v3/apis/example.com/v1?hash=old", op, "application/json", "", "")
-	if loc := w.Header().Get("Location"); w.Code != http.StatusMovedPermanently || loc != "/openapi/v3/apis/example.com/v1?hash=02" || strings.Contains(w.Body.String(), "renamed") {
+	// Revalidated with the tag the agent gave: kube-apiserver's 304,
+	// passed on with that tag.
+	w = get("/openapi/v3/apis/example.com/v1", "application/json", "If-None-Match", `"02-`+fp+`"`)
+	if w.Code != http.StatusNotModified || w.Header().Get("Etag") != `"02-`+fp+`"` || w.Body.Len() != 0 || w.Header().Get("Content-Length") != "" {
+		t.Errorf("a revalidation: %d %v %q", w.Code, w.Header(), w.Body)
+	}
+	// A tag the agent did not give (the cluster's names, or another
+	// profile's) is not sent: the whole document comes back.
+	for _, tag := range []string{`"02"`, `"02-000000000000"`} {
+		if w := get("/openapi/v3/apis/example.com/v1", "application/json", "If-None-Match", tag); w.Code != 200 || w.Body.String() != originalDoc {
+			t.Errorf("If-None-Match %s: %d %s", tag, w.Code, w.Body)
+		}
+		if lastHeader.Get("If-None-Match") != "" {
+			t.Errorf("If-None-Match %s was sent as %q", tag, lastHeader.Get("If-None-Match"))
+		}
+	}
+	// A stale hash: kube-apiserver's redirect, to the original name and
+	// the profile's hash, without its body.
+	w = get("/openapi/v3/apis/example.com/v1?hash=old-"+fp, "application/json")
+	if loc := w.Header().Get("Location"); w.Code != http.StatusMovedPermanently || loc != "/openapi/v3/apis/example.com/v1?hash=02-"+fp || w.Body.Len() != 0 {
 		t.Errorf("a stale hash: %d, Location %q, body %q", w.Code, loc, w.Body)
 	}
-	if w := do(t, h, "GET", "/openapi/v3/apis/example.com/v1", op, "application/com.github.proto-openapi.spec.v3@v1.0+protobuf", "", ""); w.Code != http.StatusNotAcceptable {
+	// A part of a document is not passed on.
+	if w := get("/openapi/v3/apis/example.com/v1", "application/json", "X-Test-Partial", "1"); w.Code != http.StatusInternalServerError || strings.Contains(w.Body.String(), "renamed.example.io") {
+		t.Errorf("a partial document: %d %s", w.Code, w.Body)
+	}
+	if w := get("/openapi/v3/apis/example.com/v1", "application/com.github.proto-openapi.spec.v3@v1.0+protobuf"); w.Code != http.StatusNotAcceptable {
 		t.Errorf("the renamed group's document in protobuf only: %d %s, want 406", w.Code, w.Body)
 	}
 	// Other groups' documents are passed as they are, in any encoding.
-	if w := do(t, h, "GET", "/openapi/v3/apis/apps/v1", op, "application/com.github.proto-openapi.spec.v3@v1.0+protobuf", "", ""); w.Code != 200 || w.Body.String() != "\x0a\x05proto" {
+	if w := get("/openapi/v3/apis/apps/v1", "application/com.github.proto-openapi.spec.v3@v1.0+protobuf"); w.Code != 200 || w.Body.String() != "\x0a\x05proto" {
 		t.Errorf("another group's document: %d %q", w.Code, w.Body)
 	}
 	if s := last(); s.path != "/openapi/v3/apis/apps/v1" || s.acceptEncoding != "gzip" {
@@ -678,8 +736,8 @@ func TestOpenAPIV3Rewritten(t *testing.T) {
 	// A caller no profile selects gets the cluster's names.
 	calls := rev.calls
 	other := fakeToken(otherSA, "2")
-	if w := do(t, h, "GET", "/openapi/v3", other, "application/json", "", ""); w.Body.String() != renamedIndex {
-		t.Errorf("the index for another caller: %s", w.Body)
+	if w := do(t, h, "GET", "/openapi/v3", other, "application/json", "", ""); w.Body.String() != renamedIndex || w.Header().Get("Etag") != `"I"` {
+		t.Errorf("the index for another caller: %s %v", w.Body, w.Header())
 	}
 	if rev.calls != calls {
 		t.Errorf("%d reviews of a caller no profile selects", rev.calls-calls)
@@ -687,6 +745,53 @@ func TestOpenAPIV3Rewritten(t *testing.T) {
 	for p, want := range map[string]bool{"/openapi/v3": true, "/openapi/v3/": true, "/openapi/v3/apis/x/v1": true, "/openapi/v3x": false, "/openapi/v2": false} {
 		if got := openAPIV3Path(p); got != want {
 			t.Errorf("openAPIV3Path(%q) = %v", p, got)
+		}
+	}
+}
+
+// TestValidatorsTagged: a rewritten answer's entity tag carries the
+// profile's fingerprint (kube-apiserver tags aggregated discovery), and
+// only such a tag revalidates; dates and ranges are not sent on.
+func TestValidatorsTagged(t *testing.T) {
+	rev := &reviewer{users: map[string]string{}}
+	op := fakeToken(operatorSA, "1")
+	rev.users[op] = operatorSA
+	fp := testProfiles(t)[0].Fingerprint()
+	var sent http.Header
+	h, _ := newChain(t, rev, func(w http.ResponseWriter, r *http.Request) {
+		sent = r.Header.Clone()
+		w.Header().Set("Etag", `"D"`)
+		if r.Header.Get("If-None-Match") == `"D"` {
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Last-Modified", "Sun, 29 Nov 2026 05:43:55 GMT")
+		_, _ = io.WriteString(w, `{"kind":"APIGroupList","apiVersion":"v1","groups":[]}`)
+	})
+	for _, c := range []struct {
+		ifNoneMatch, wantSent string
+		wantCode              int
+	}{
+		{"", "", 200},
+		{`"D-` + fp + `"`, `"D"`, http.StatusNotModified},
+		{`"D"`, "", 200},
+		{`W/"X-` + fp + `", "D-` + fp + `"`, `W/"X", "D"`, http.StatusOK},
+	} {
+		r := httptest.NewRequest("GET", "/apis", nil)
+		r.Header.Set("Authorization", "Bearer "+op)
+		r.Header.Set("Range", "bytes=0-3")
+		r.Header.Set("If-Modified-Since", "Sun, 29 Nov 2026 05:43:55 GMT")
+		if c.ifNoneMatch != "" {
+			r.Header.Set("If-None-Match", c.ifNoneMatch)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code != c.wantCode || w.Header().Get("Etag") != `"D-`+fp+`"` || w.Header().Get("Last-Modified") != "" {
+			t.Errorf("If-None-Match %q: %d %v, want %d with the tag %q", c.ifNoneMatch, w.Code, w.Header(), c.wantCode, `"D-`+fp+`"`)
+		}
+		if sent.Get("If-None-Match") != c.wantSent || sent.Get("Range") != "" || sent.Get("If-Modified-Since") != "" {
+			t.Errorf("If-None-Match %q: sent %v", c.ifNoneMatch, sent)
 		}
 	}
 }

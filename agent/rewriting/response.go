@@ -72,12 +72,13 @@ type response struct {
 	// carried no names.
 	failed, passed bool
 
-	// document, when set, rewrites a whole JSON answer in place of the
-	// rewriter's objects (an OpenAPI document); such answers are not
-	// memoised. location, when set, rewrites a redirect's Location,
-	// whose body is then dropped (it repeats the location).
+	// document, when set, rewrites a whole JSON answer with status 200
+	// in place of the rewriter's objects (an OpenAPI document); such
+	// answers are not memoised, and a redirect's body (which repeats its
+	// Location) is dropped. headers, when set, rewrites the answer's
+	// headers before they are sent.
 	document     func([]byte) ([]byte, error)
-	location     func(string) string
+	headers      func(http.Header)
 	dropRedirect bool
 }
 
@@ -116,6 +117,9 @@ func (s *response) WriteHeader(code int) {
 		return
 	}
 	s.wroteHeader, s.code = true, code
+	if s.headers != nil {
+		s.headers(s.w.Header())
+	}
 	s.contentType = s.w.Header().Get("Content-Type")
 	switch mediaKind(s.contentType) {
 	case mediaJSON:
@@ -137,11 +141,11 @@ func (s *response) WriteHeader(code int) {
 		// as text/plain; it is JSON all the same.
 		s.mode = modeBuffer
 	}
-	if s.req.Method == http.MethodHead {
+	if s.req.Method == http.MethodHead || code == http.StatusNoContent || code == http.StatusNotModified {
+		// No body to rewrite, and none to count.
 		s.mode = modePass
 	}
-	if loc := s.w.Header().Get("Location"); s.location != nil && loc != "" && code >= 300 && code < 400 {
-		s.w.Header().Set("Location", s.location(loc))
+	if s.document != nil && code >= 300 && code < 400 && s.w.Header().Get("Location") != "" {
 		s.w.Header().Del("Content-Length")
 		s.mode, s.dropRedirect = modePass, true
 	}
@@ -290,9 +294,15 @@ func (s *response) restore(body []byte) ([]byte, error) {
 	if len(bytes.TrimSpace(body)) == 0 {
 		return body, nil
 	}
-	if s.document != nil && s.code == http.StatusOK {
+	if s.document != nil {
+		switch {
+		case s.code == http.StatusOK:
+			return s.document(body)
+		case s.code < 300:
+			// A part of a document (206) cannot be rewritten alone.
+			return nil, fmt.Errorf("the document came with status %d, which rewrite profile %s cannot rewrite", s.code, s.rw.Name())
+		}
 		// Other answers are Status errors, rewritten as objects.
-		return s.document(body)
 	}
 	if mediaKind(s.contentType) == mediaYAML {
 		j, err := yaml.YAMLToJSON(body)
