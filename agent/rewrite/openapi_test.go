@@ -138,28 +138,14 @@ func FuzzOpenAPIV3(f *testing.F) {
 	f.Add([]byte(`{"components":{"schemas":{"com.example.v1.Widget":{"x-kubernetes-group-version-kind":[{"group":"example.com","kind":"Widget","version":"v1"}]},"io.example.renamed.v1.Widget":{"x-kubernetes-group-version-kind":[{"group":"example.com","kind":"Widget","version":"v1"}]}}},"paths":{"/x":{"$ref":"#/components/schemas/io.example.renamed.v1.RenamedWidget"}}}`))
 	r := testRewriter(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		v, err := Decode(data)
-		if err != nil {
+		v, canonical, ok := canonicalJSON(t, data)
+		if !ok {
 			return
 		}
-		canonical, err := Encode(v)
-		if err != nil {
-			t.Fatal(err)
-		}
+		_, isObject := v.(map[string]any)
 		for name, fn := range map[string]func([]byte) ([]byte, error){"index": r.OpenAPIV3IndexJSON, "document": r.OpenAPIV3DocumentJSON} {
-			renamed, err := fn(canonical)
-			if err != nil {
-				if _, ok := v.(map[string]any); ok {
-					t.Fatalf("%s: %v", name, err)
-				}
-				continue
-			}
-			restored, err := fn(renamed)
-			if err != nil {
-				t.Fatalf("%s: restore of %s: %v", name, renamed, err)
-			}
-			if !bytes.Equal(restored, canonical) {
-				t.Fatalf("%s: round trip differs:\n in       %s\n renamed  %s\n restored %s", name, canonical, renamed, restored)
+			if _, err := swapTwice(fn, canonical); err != nil && isObject {
+				t.Fatalf("%s: %v", name, err)
 			}
 		}
 	})
@@ -185,20 +171,15 @@ func TestOpenAPIV3DocumentOddInputs(t *testing.T) {
 			"com.example.v1.Foo.Bar": {"x-kubernetes-group-version-kind": [{"group": "example.com", "version": "v1", "kind": "Foo.Bar"}]},
 			"com.example.v1.RenamedFoo.RenamedBar": {"x-kubernetes-group-version-kind": [{"group": "example.com", "version": "v1.RenamedFoo", "kind": "RenamedBar"}]}}}}`,
 	} {
-		v, err := Decode([]byte(in))
+		_, canonical, ok := canonicalJSON(t, []byte(in))
+		if !ok {
+			t.Fatalf("%s: not JSON", name)
+		}
+		renamed, err := swapTwice(r.OpenAPIV3DocumentJSON, canonical)
 		if err != nil {
-			t.Fatal(err)
+			t.Errorf("%s: %v", name, err)
 		}
-		canonical, _ := Encode(v)
-		renamed, err := r.OpenAPIV3DocumentJSON(canonical)
-		if err != nil {
-			t.Fatal(err)
-		}
-		restored, err := r.OpenAPIV3DocumentJSON(renamed)
-		if err != nil || !bytes.Equal(restored, canonical) {
-			t.Errorf("%s: round trip:\n in       %s\n renamed  %s\n restored %s (%v)", name, canonical, renamed, restored, err)
-		}
-		if name == "taken name" && !bytes.Equal(renamed, canonical) {
+		if name == "taken name" && err == nil && !bytes.Equal(renamed, canonical) {
 			t.Errorf("%s: %s, want it left as it is", name, renamed)
 		}
 	}
