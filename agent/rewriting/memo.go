@@ -31,10 +31,15 @@ func newMemo(max int) *memo {
 	return &memo{max: max, m: map[[sha256.Size]byte][]byte{}}
 }
 
-// do returns fn(in), from the memo when in was rewritten before. The
-// answer is shared: callers must not change it.
+// memoMaxObjectBytes bounds the inputs kept in a memo: single objects
+// and events, not lists.
+const memoMaxObjectBytes = 256 << 10
+
+// do returns fn(in), from the memo when in was rewritten before; inputs
+// larger than memoMaxObjectBytes are always rewritten. The answer is
+// shared: callers must not change it.
 func (m *memo) do(in []byte, fn func([]byte) ([]byte, error)) ([]byte, error) {
-	if m == nil {
+	if m == nil || len(in) > memoMaxObjectBytes {
 		return fn(in)
 	}
 	key := sha256.Sum256(in)

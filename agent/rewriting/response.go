@@ -37,10 +37,6 @@ const (
 	modeRefuse
 )
 
-// memoMaxObjectBytes bounds the answers kept in the memo: single objects
-// and events, not lists.
-const memoMaxObjectBytes = 256 << 10
-
 // response is the ResponseWriter next writes a selected caller's answer
 // to. It restores the answer before the caller sees any of it.
 type response struct {
@@ -316,13 +312,7 @@ func (s *response) restore(body []byte) ([]byte, error) {
 		return yaml.JSONToYAML(out)
 	}
 	trailing := body[len(bytes.TrimRight(body, "\n")):]
-	var out []byte
-	var err error
-	if len(body) <= memoMaxObjectBytes {
-		out, err = s.memos.objects.do(body, s.rw.ObjectJSON)
-	} else {
-		out, err = s.rw.ObjectJSON(body)
-	}
+	out, err := s.memos.objects.do(body, s.rw.ObjectJSON)
 	if err != nil {
 		return nil, err
 	}
@@ -367,13 +357,7 @@ func (s *response) pump(pr *io.PipeReader) {
 			_ = pr.CloseWithError(errStreamEnded)
 			return
 		}
-		var out []byte
-		var err error
-		if len(raw) <= memoMaxObjectBytes {
-			out, err = s.memos.events.do(raw, s.rw.WatchEventJSON)
-		} else {
-			out, err = s.rw.WatchEventJSON(raw)
-		}
+		out, err := s.memos.events.do(raw, s.rw.WatchEventJSON)
 		if err != nil {
 			s.failed = true
 			_ = pr.CloseWithError(err)
