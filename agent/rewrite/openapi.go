@@ -53,10 +53,10 @@ func (r *Rewriter) OpenAPIV3Path(path string) (string, OpenAPIV3) {
 	return openAPIV3Root + "/apis/" + r.groups[group] + "/" + version, OpenAPIV3Document
 }
 
-// openAPIV3Location swaps the group of a document's server-relative URL
+// OpenAPIV3Location swaps the group of a document's server-relative URL
 // (an index entry's serverRelativeURL, a redirect's Location), keeping
 // its query (the document's hash).
-func (r *Rewriter) openAPIV3Location(u string) string {
+func (r *Rewriter) OpenAPIV3Location(u string) string {
 	path, query, hasQuery := strings.Cut(u, "?")
 	renamed, what := r.OpenAPIV3Path(path)
 	if what != OpenAPIV3Document {
@@ -68,34 +68,40 @@ func (r *Rewriter) openAPIV3Location(u string) string {
 	return renamed
 }
 
-// OpenAPIV3Location is openAPIV3Location for a redirect's Location: a
-// server-relative URL of an OpenAPI v3 document.
-func (r *Rewriter) OpenAPIV3Location(u string) string { return r.openAPIV3Location(u) }
+// OpenAPIV3Index rewrites the index of OpenAPI v3 documents
+// ({"paths": {"apis/<group>/<version>": {"serverRelativeURL": ...}}}),
+// decoded, in
+// place, and returns it: a renamed group's entry is listed under the
+// group's other name, and points at its document there.
+func (r *Rewriter) OpenAPIV3Index(doc map[string]any) map[string]any {
+	paths, ok := doc["paths"].(map[string]any)
+	if !ok {
+		return doc
+	}
+	paths = mapKeys(paths, func(k string) string {
+		renamed, what := r.OpenAPIV3Path(openAPIV3Root + "/" + k)
+		if what != OpenAPIV3Document {
+			return k
+		}
+		return strings.TrimPrefix(renamed, openAPIV3Root+"/")
+	})
+	for _, v := range paths {
+		if entry, ok := v.(map[string]any); ok {
+			swapString(entry, "serverRelativeURL", r.OpenAPIV3Location)
+		}
+	}
+	doc["paths"] = paths
+	return doc
+}
 
-// OpenAPIV3IndexJSON rewrites the index of OpenAPI v3 documents
-// ({"paths": {"apis/<group>/<version>": {"serverRelativeURL": ...}}}):
-// a renamed group's entry is listed under the group's other name, and
-// points at its document there. The answer is canonical JSON.
+// OpenAPIV3IndexJSON is OpenAPIV3Index over JSON bytes; the answer is
+// canonical JSON.
 func (r *Rewriter) OpenAPIV3IndexJSON(data []byte) ([]byte, error) {
 	doc, err := decodeObject(data)
 	if err != nil {
 		return nil, err
 	}
-	if paths, ok := doc["paths"].(map[string]any); ok {
-		doc["paths"] = mapKeys(paths, func(k string) string {
-			renamed, what := r.OpenAPIV3Path(openAPIV3Root + "/" + k)
-			if what != OpenAPIV3Document {
-				return k
-			}
-			return strings.TrimPrefix(renamed, openAPIV3Root+"/")
-		})
-		for _, v := range doc["paths"].(map[string]any) {
-			if entry, ok := v.(map[string]any); ok {
-				swapString(entry, "serverRelativeURL", r.openAPIV3Location)
-			}
-		}
-	}
-	return Encode(doc)
+	return Encode(r.OpenAPIV3Index(doc))
 }
 
 // OpenAPIV3DocumentJSON rewrites the OpenAPI v3 document of a renamed

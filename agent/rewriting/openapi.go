@@ -47,13 +47,7 @@ func (f *Filter) serveOpenAPIV3(w http.ResponseWriter, r *http.Request, rw *rewr
 	if what == rewrite.OpenAPIV3Index {
 		// kube-apiserver answers the index in JSON whatever is asked.
 		out.Header.Set("Accept", "application/json")
-		document = func(b []byte) ([]byte, error) {
-			index, err := rw.OpenAPIV3IndexJSON(b)
-			if err != nil {
-				return nil, err
-			}
-			return tagIndex(index, rw)
-		}
+		document = func(b []byte) ([]byte, error) { return tagIndex(b, rw) }
 	} else {
 		accept, ok := rewrite.AcceptJSON(r.Header.Get("Accept"))
 		if !ok {
@@ -110,15 +104,18 @@ func validators(fp string) func(http.Header) {
 	}
 }
 
-// tagIndex adds the profile's fingerprint to the hash of each renamed
-// group's document in an index rewritten for rw.
+// tagIndex rewrites an index of OpenAPI v3 documents for rw and adds the
+// profile's fingerprint to the hash of each renamed group's document.
 func tagIndex(index []byte, rw *rewrite.Rewriter) ([]byte, error) {
 	v, err := rewrite.Decode(index)
 	if err != nil {
 		return nil, err
 	}
-	doc, _ := v.(map[string]any)
-	paths, _ := doc["paths"].(map[string]any)
+	doc, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("want a JSON object, got %T", v)
+	}
+	paths, _ := rw.OpenAPIV3Index(doc)["paths"].(map[string]any)
 	for _, e := range paths {
 		entry, _ := e.(map[string]any)
 		u, _ := entry["serverRelativeURL"].(string)
@@ -127,7 +124,7 @@ func tagIndex(index []byte, rw *rewrite.Rewriter) ([]byte, error) {
 			entry["serverRelativeURL"] = tagLocation(u, rw.Fingerprint())
 		}
 	}
-	return rewrite.Encode(v)
+	return rewrite.Encode(doc)
 }
 
 // tagLocation adds fp to the hash of a document's server-relative URL.
