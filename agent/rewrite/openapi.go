@@ -70,9 +70,8 @@ func (r *Rewriter) OpenAPIV3Location(u string) string {
 
 // OpenAPIV3Index rewrites the index of OpenAPI v3 documents
 // ({"paths": {"apis/<group>/<version>": {"serverRelativeURL": ...}}}),
-// decoded, in
-// place, and returns it: a renamed group's entry is listed under the
-// group's other name, and points at its document there.
+// decoded, in place, and returns it: a renamed group's entry is listed
+// under the group's other name, and points at its document there.
 func (r *Rewriter) OpenAPIV3Index(doc map[string]any) map[string]any {
 	paths, ok := doc["paths"].(map[string]any)
 	if !ok {
