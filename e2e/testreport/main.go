@@ -9,8 +9,14 @@
 //	    copies the stream to out.json;
 //	testreport summary --phases phases.tsv out.json...
 //	    prints the phases (from the tab-separated lines "name, seconds,
-//	    status" the test script writes), the slowest tests, and the closing
-//	    count "N passed, N failed, N skipped" over every file given.
+//	    status" the test script writes), the slowest tests, what each failed
+//	    test reported as errors (t.Error and t.Fatal lines, which go test
+//	    -json marks apart from t.Log's), and the closing count "N passed,
+//	    N failed, N skipped" over every file given.
+//
+// The error digest comes last but for the count because a failed run's
+// test output runs to many thousand lines (sandbox logs dumped on
+// failure), and whoever reads only its tail must still see why.
 //
 // It exits non-zero on a malformed phases file or an unreadable stream,
 // never on a failed test: the test script decides the run's status.
@@ -38,6 +44,10 @@ type event struct {
 	Test    string
 	Elapsed float64
 	Output  string
+	// OutputType is "error" for the first line of a t.Error or t.Fatal
+	// message and "error-continue" for its further lines (Go 1.25 and
+	// later, with -test.v=test2json); empty for everything else.
+	OutputType string
 }
 
 func main() {
@@ -129,6 +139,13 @@ type result struct {
 	Elapsed       time.Duration
 }
 
+// failure is a failed test, subtests included, with the error lines it
+// reported.
+type failure struct {
+	Package, Test string
+	Errors        []string
+}
+
 // phase is one line of the phases file.
 type phase struct {
 	Name    string
@@ -151,14 +168,19 @@ func runSummary(args []string) error {
 		}
 	}
 	var results []result
+	var failures []failure
 	for _, f := range fs.Args() {
-		r, err := readResults(f)
+		r, fl, err := readResults(f)
 		if err != nil {
 			return err
 		}
 		results = append(results, r...)
+		failures = append(failures, fl...)
 	}
-	writeSummary(os.Stdout, phases, merge(results), *top)
+	merged := merge(results)
+	writeSummary(os.Stdout, phases, merged, *top)
+	writeFailures(os.Stdout, failures)
+	writeCounts(os.Stdout, merged)
 	return nil
 }
 
@@ -208,26 +230,43 @@ func readPhases(path string) ([]phase, error) {
 }
 
 // readResults returns the outcome of every top-level test in a JSON
-// stream; a missing file (a phase that never ran) has none.
-func readResults(path string) ([]result, error) {
+// stream, and the failed tests with their errors; a missing file (a phase
+// that never ran) has none.
+func readResults(path string) ([]result, []failure, error) {
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.Close()
 	return parseResults(f)
 }
 
-func parseResults(in io.Reader) ([]result, error) {
+func parseResults(in io.Reader) ([]result, []failure, error) {
 	var out []result
+	var failed []failure
+	errs := map[string][]string{} // package + "\x00" + test -> error lines
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 0, 1<<16), 16<<20)
 	for sc.Scan() {
 		var e event
-		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Test == "" || strings.Contains(e.Test, "/") {
+		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Test == "" {
+			continue
+		}
+		key := e.Package + "\x00" + e.Test
+		switch e.Action {
+		case "output":
+			if e.OutputType == "error" || e.OutputType == "error-continue" {
+				errs[key] = append(errs[key], strings.TrimRight(e.Output, "\n"))
+			}
+			continue
+		case "fail":
+			failed = append(failed, failure{Package: e.Package, Test: e.Test, Errors: errs[key]})
+		}
+		delete(errs, key)
+		if strings.Contains(e.Test, "/") {
 			continue
 		}
 		switch e.Action {
@@ -236,7 +275,7 @@ func parseResults(in io.Reader) ([]result, error) {
 				Elapsed: time.Duration(e.Elapsed * float64(time.Second))})
 		}
 	}
-	return out, sc.Err()
+	return out, failed, sc.Err()
 }
 
 func writeSummary(w io.Writer, phases []phase, results []result, top int) {
@@ -247,10 +286,6 @@ func writeSummary(w io.Writer, phases []phase, results []result, top int) {
 			fmt.Fprintf(w, "  %-36s %9s  %s\n", p.Name, p.Elapsed.Round(time.Second), p.Status)
 		}
 	}
-	counts := map[string]int{}
-	for _, r := range results {
-		counts[r.Action]++
-	}
 	sort.SliceStable(results, func(i, j int) bool { return results[i].Elapsed > results[j].Elapsed })
 	if n := min(top, len(results)); n > 0 {
 		fmt.Fprintf(w, "slowest tests (%d of %d):\n", n, len(results))
@@ -258,6 +293,66 @@ func writeSummary(w io.Writer, phases []phase, results []result, top int) {
 		for _, r := range results[:n] {
 			fmt.Fprintf(w, "  %-52s %9s  %-4s  %s\n", r.Test, r.Elapsed.Round(100*time.Millisecond), r.Action, shortPackage(r.Package))
 		}
+	}
+}
+
+// The digest of failures is bounded, so that it stays a digest when a
+// whole package fails: lines per test, tests, and characters per line.
+const (
+	maxErrorLines   = 12
+	maxFailures     = 20
+	maxErrorLineLen = 400
+)
+
+// writeFailures lists each failed test that reported errors with those
+// errors, in the order the tests ended. A parent that failed only because
+// a subtest did reports nothing of its own and is left out; a test that
+// failed without an error line (a panic, a timeout, a build failure) is
+// named with a pointer to its output.
+func writeFailures(w io.Writer, failures []failure) {
+	if len(failures) == 0 {
+		return
+	}
+	parents := map[string]bool{}
+	for _, f := range failures {
+		for i := strings.LastIndex(f.Test, "/"); i > 0; i = strings.LastIndex(f.Test[:i], "/") {
+			parents[f.Package+"\x00"+f.Test[:i]] = true
+		}
+	}
+	fmt.Fprintln(w, "failures (t.Error and t.Fatal lines; the whole output is above):")
+	shown := 0
+	for _, f := range failures {
+		if len(f.Errors) == 0 && parents[f.Package+"\x00"+f.Test] {
+			continue
+		}
+		if shown == maxFailures {
+			fmt.Fprintf(w, "  ... and more failed tests: see their output above\n")
+			break
+		}
+		shown++
+		fmt.Fprintf(w, "  %s (%s):\n", f.Test, shortPackage(f.Package))
+		if len(f.Errors) == 0 {
+			fmt.Fprintln(w, "    no error line: a panic, a timeout or a log.Fatal; see its output above")
+		}
+		for i, l := range f.Errors {
+			if i == maxErrorLines {
+				fmt.Fprintf(w, "    ... %d more lines\n", len(f.Errors)-i)
+				break
+			}
+			l = strings.TrimSpace(l)
+			if len(l) > maxErrorLineLen {
+				l = l[:maxErrorLineLen] + " ..."
+			}
+			fmt.Fprintf(w, "    %s\n", l)
+		}
+	}
+}
+
+// writeCounts writes the closing count, the last line of a run.
+func writeCounts(w io.Writer, results []result) {
+	counts := map[string]int{}
+	for _, r := range results {
+		counts[r.Action]++
 	}
 	fmt.Fprintf(w, "%d passed, %d failed, %d skipped\n", counts["pass"], counts["fail"], counts["skip"])
 }
