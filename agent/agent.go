@@ -417,7 +417,11 @@ const listenerLinger = 500 * time.Millisecond
 // ExternalDrainDelay, while the kubelet's probe and the redirect's owner
 // take it out of the redirect, before the same graceful close.
 func (a *Agent) shutdown(logger klog.Logger) {
+	start := a.now()
 	removed := a.icpt.Stop(logger)
+	if removed && !a.cfg.External() {
+		logger.Info("Redirect removed; new connections to the Service VIPs take kube-proxy's path", "elapsed", a.now().Sub(start))
+	}
 	if a.cfg.External() {
 		logger.Info("Not ready; serving until the external redirect has left this agent", "delay", a.cfg.ExternalDrainDelay)
 		time.Sleep(a.cfg.ExternalDrainDelay)

@@ -149,6 +149,15 @@ type upgradeScenario struct {
 	*dsScenario
 	prev              *sandbox.PreviousRelease
 	previous, current []sandbox.ManifestObject
+	// agentLogs follow each agent pod the scenario replaces, so that a
+	// failed request can be read against its shutdown (the pod and its
+	// log are gone once the rollout is over).
+	agentLogs []*followedAgent
+}
+
+type followedAgent struct {
+	name string
+	log  *podLog
 }
 
 // apply applies the objects of objs that keep selects with kubectl apply,
@@ -204,13 +213,25 @@ func (u *upgradeScenario) agentCommit(t *testing.T, ctx context.Context) string 
 	return ""
 }
 
-func (u *upgradeScenario) agentUID(t *testing.T, ctx context.Context) types.UID {
+// replacing returns the UID of the agent pod a rollout is about to
+// replace, and follows its log until it ends.
+func (u *upgradeScenario) replacing(t *testing.T, ctx context.Context) types.UID {
 	t.Helper()
 	p, err := u.agentPod(ctx)
 	if err != nil || p == nil {
 		t.Fatalf("no agent pod: %v", err)
 	}
+	u.agentLogs = append(u.agentLogs, &followedAgent{name: p.Name, log: followPodLog(ctx, u.c, sandbox.AgentNamespace, p.Name)})
 	return p.UID
+}
+
+// logReplacedAgents logs the end of each replaced agent's log: its
+// shutdown.
+func (u *upgradeScenario) logReplacedAgents(t *testing.T) {
+	t.Helper()
+	for _, a := range u.agentLogs {
+		t.Logf("replaced agent %s, end of its log:\n%s", a.name, tailLines(a.log.String(), 25))
+	}
 }
 
 // installPrevious: given the previous release's rendered manifests
@@ -255,7 +276,7 @@ func (u *upgradeScenario) upgradeAndRollback(t *testing.T, ctx context.Context) 
 	u.apply(t, ctx, "upgrade-approver", u.current, func(o sandbox.ManifestObject) bool { return !isAgents(o) && !isConfig(o) })
 	upApprover := u.rolloutStatus(t, ctx, "deployment/kube-apicache-approver", start)
 	// Then the agents, with the configuration unchanged.
-	old := u.agentUID(t, ctx)
+	old := u.replacing(t, ctx)
 	start = time.Now()
 	u.apply(t, ctx, "upgrade-agents", u.current, func(o sandbox.ManifestObject) bool { return !isConfig(o) })
 	upAgents := u.rollAgents(t, ctx, start, old, false)
@@ -267,7 +288,7 @@ func (u *upgradeScenario) upgradeAndRollback(t *testing.T, ctx context.Context) 
 		u.apply(t, ctx, "upgrade-config", u.current, func(sandbox.ManifestObject) bool { return true })
 		u.mustKubectl(t, ctx, "-n", sandbox.AgentNamespace, "rollout", "restart", "deployment/kube-apicache-approver")
 		u.rolloutStatus(t, ctx, "deployment/kube-apicache-approver", start)
-		old = u.agentUID(t, ctx)
+		old = u.replacing(t, ctx)
 		u.mustKubectl(t, ctx, "-n", sandbox.AgentNamespace, "rollout", "restart", "daemonset/kube-apicache")
 		upConfig = u.rollAgents(t, ctx, start, old, false)
 	}
@@ -281,7 +302,7 @@ func (u *upgradeScenario) upgradeAndRollback(t *testing.T, ctx context.Context) 
 		downConfig = time.Since(start)
 	}
 	// Then the agents.
-	old = u.agentUID(t, ctx)
+	old = u.replacing(t, ctx)
 	start = time.Now()
 	u.apply(t, ctx, "rollback-agents", u.previous, func(o sandbox.ManifestObject) bool { return !isApprover(o) })
 	downAgents := u.rollAgents(t, ctx, start, old, true)
@@ -314,6 +335,9 @@ func (u *upgradeScenario) upgradeAndRollback(t *testing.T, ctx context.Context) 
 		if res.OK < minLoadOK {
 			t.Errorf("%s load: only %d requests succeeded, want at least %d", name, res.OK, minLoadOK)
 		}
+	}
+	if resNew.Failed+resReused.Failed > 0 {
+		u.logReplacedAgents(t)
 	}
 }
 
