@@ -494,7 +494,9 @@ func (n *RealNode) Stop() error {
 	c := n.cluster
 	var errs []error
 	if n.KubeProxy != nil {
-		n.KubeProxy.Stop(10 * time.Second)
+		if err := n.KubeProxy.Stop(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		if out, err := output(ctx, "nsenter", "--net=/var/run/netns/"+c.Node.Name(),
 			filepath.Join(n.binDir, "kube-proxy"), "--config", n.path("kube-proxy-config.json"), "--cleanup"); err != nil {
@@ -503,7 +505,9 @@ func (n *RealNode) Stop() error {
 		cancel()
 	}
 	if n.Kubelet != nil {
-		n.Kubelet.Stop(10 * time.Second)
+		if err := n.Kubelet.Stop(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if n.journal != nil {
 		// Containers first, while containerd still runs (it reaps its
@@ -513,7 +517,9 @@ func (n *RealNode) Stop() error {
 		}
 	}
 	if n.Containerd != nil {
-		n.Containerd.Stop(10 * time.Second)
+		if err := n.Containerd.Stop(10 * time.Second); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if n.journal != nil {
 		if err := undoHost(n.journal); err != nil {

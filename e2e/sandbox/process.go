@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -89,18 +90,60 @@ func (p *Process) Wait(timeout time.Duration) error {
 	}
 }
 
-// Stop sends SIGTERM, then SIGKILL to the process group after grace.
-func (p *Process) Stop(grace time.Duration) {
+// reapTimeout bounds the wait for a killed process to be reaped. A
+// multi-threaded process whose leader has exited is reaped only once every
+// thread has, and a thread stuck in the kernel (an unmount, a cgroup
+// operation on a loaded machine) outlives SIGKILL; the teardown goes on
+// without it rather than hang the run.
+const reapTimeout = 30 * time.Second
+
+// Stop sends SIGTERM, then SIGKILL to the process group after grace. It
+// returns an error only when the killed process could not be reaped within
+// reapTimeout.
+func (p *Process) Stop(grace time.Duration) error {
 	if done, _ := p.Exited(); done {
-		return
+		return nil
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
+		return nil
 	case <-time.After(grace):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
 	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(reapTimeout):
+		return fmt.Errorf("%s (pid %d) killed but not reaped after %s: a thread is stuck in the kernel (%s)",
+			p.Name, p.cmd.Process.Pid, reapTimeout, threadStates(p.cmd.Process.Pid))
+	}
+}
+
+// threadStates summarises the state and kernel wait channel of each of
+// pid's threads, for the error of a process that cannot be reaped.
+func threadStates(pid int) string {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, t := range tasks {
+		stat, _ := os.ReadFile(filepath.Join(dir, t.Name(), "stat"))
+		wchan, _ := os.ReadFile(filepath.Join(dir, t.Name(), "wchan"))
+		state := "?"
+		// The state follows the parenthesised command name.
+		if i := strings.LastIndexByte(string(stat), ')'); i >= 0 && i+2 < len(stat) {
+			state = string(stat[i+2])
+		}
+		out = append(out, fmt.Sprintf("thread %s %s %s", t.Name(), state, strings.TrimSpace(string(wchan))))
+		if len(out) == 8 {
+			out = append(out, "...")
+			break
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // Log returns the process's output so far.
