@@ -1,12 +1,17 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -264,6 +269,7 @@ func (u *upgradeScenario) upgradeAndRollback(t *testing.T, ctx context.Context) 
 	if err := u.reader.log.awaitLine("SYNCED", time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	flows := recordConntrack(t, ctx, u.c)
 	newConn := u.startLoad(t, ctx, "load-newconn", true)
 	reused := u.startLoad(t, ctx, "load-http2", false)
 	waitFor(t, 30*time.Second, "the loads go through the previous agent", func() bool { return u.intercepting(t, ctx) })
@@ -338,6 +344,10 @@ func (u *upgradeScenario) upgradeAndRollback(t *testing.T, ctx context.Context) 
 	}
 	if resNew.Failed+resReused.Failed > 0 {
 		u.logReplacedAgents(t)
+		for _, at := range append(failedAt(resNew), failedAt(resReused)...) {
+			t.Logf("the node's conntrack events for %s within 300ms of the failure at %s:\n%s",
+				sandbox.ServiceVIP, at.Format(time.RFC3339Nano), strings.Join(flows.around(at, 300*time.Millisecond), "\n"))
+		}
 	}
 }
 
@@ -349,4 +359,84 @@ func configYAML(objs []sandbox.ManifestObject) []byte {
 		}
 	}
 	return nil
+}
+
+// conntrackEvents records the node's connection-tracking events for the
+// Service VIP (conntrack -E) while a scenario runs, so that a failed
+// connection can be read against what the kernel did with it: which NAT
+// target it got, and whether it reused a tracked flow.
+type conntrackEvents struct {
+	mu    sync.Mutex // protects lines
+	lines []string
+}
+
+func recordConntrack(t *testing.T, ctx context.Context, c *sandbox.Cluster) *conntrackEvents {
+	t.Helper()
+	ctx, cancel := context.WithCancel(ctx)
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", c.Node.Name(),
+		"conntrack", "-E", "-p", "tcp", "--orig-dst", sandbox.ServiceVIP, "-o", "timestamp")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Logf("conntrack -E: %v; no connection-tracking events recorded", err)
+		cancel()
+		return &conntrackEvents{}
+	}
+	e := &conntrackEvents{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			e.mu.Lock()
+			e.lines = append(e.lines, sc.Text())
+			e.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = cmd.Wait()
+	})
+	return e
+}
+
+// around returns the events within d of at (conntrack's timestamps are
+// "[seconds.microseconds]" at the start of each line).
+func (e *conntrackEvents) around(at time.Time, d time.Duration) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, l := range e.lines {
+		end := strings.IndexByte(l, ']')
+		if !strings.HasPrefix(l, "[") || end < 0 {
+			continue
+		}
+		secs, err := strconv.ParseFloat(l[1:end], 64)
+		if err != nil {
+			continue
+		}
+		ts := time.Unix(0, int64(secs*float64(time.Second)))
+		if ts.After(at.Add(-d)) && ts.Before(at.Add(d)) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// failedAt is the start time of each of a load's failed requests.
+func failedAt(res loadResult) []time.Time {
+	var out []time.Time
+	for _, f := range res.Failures {
+		for _, field := range strings.Fields(f) {
+			if v, ok := strings.CutPrefix(field, "at="); ok {
+				if ts, err := time.Parse(time.RFC3339Nano, v); err == nil {
+					out = append(out, ts)
+				}
+			}
+		}
+	}
+	return out
 }
