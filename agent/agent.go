@@ -430,8 +430,14 @@ func (a *Agent) shutdown(logger klog.Logger) {
 	// in the listener's accept queue, their clients waiting for the TLS
 	// handshake: closing the listener now would reset them. They are
 	// accepted (and served) for a moment first; new ones already take
-	// kube-proxy's path.
+	// kube-proxy's path, except those from a client port whose earlier
+	// connection's flow conntrack still keeps: those flows go before the
+	// listener closes (interception/flows.go), but for the open
+	// connections', which go once the server has stopped.
 	time.Sleep(listenerLinger)
+	if removed {
+		a.icpt.ForgetFlows(logger, a.serving.Holds)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.ShutdownGracePeriod)
 	defer cancel()
 	done := make(chan error, 1)
@@ -445,6 +451,9 @@ func (a *Agent) shutdown(logger klog.Logger) {
 	if err := <-done; err != nil {
 		logger.Info("Grace period over; closing remaining connections", "gracePeriod", a.cfg.ShutdownGracePeriod)
 		_ = a.serving.Close()
+	}
+	if removed {
+		a.icpt.ForgetFlows(logger, nil)
 	}
 	a.icpt.ReleaseAddresses(logger, removed)
 }

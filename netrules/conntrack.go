@@ -19,7 +19,20 @@ type Flow struct {
 	Src, Dst  netip.AddrPort
 	ReplySrc  netip.AddrPort
 	SeenReply bool
+	// State is conntrack's TCP state of the flow.
+	State TCPState
 }
+
+// TCPState is conntrack's state of a TCP flow (enum tcp_conntrack in
+// linux/netfilter/nf_conntrack_tcp.h).
+type TCPState uint8
+
+// The TCP states a flow of an ended connection is left in: after FINs
+// (TIME_WAIT) or a reset (CLOSE).
+const (
+	TCPTimeWait TCPState = 7
+	TCPClose    TCPState = 8
+)
 
 // Conntrack lists and deletes TCP flows to one destination.
 type Conntrack interface {
@@ -53,6 +66,10 @@ const (
 	ctaFilterDstPort  = 1 << 5
 	// ipsSeenReply is IPS_SEEN_REPLY of CTA_STATUS.
 	ipsSeenReply = 1 << 1
+	// CTA_PROTOINFO, its nested CTA_PROTOINFO_TCP, and in that the state.
+	ctaProtoinfo         = 4
+	ctaProtoinfoTCP      = 1
+	ctaProtoinfoTCPState = 1
 )
 
 // KernelConntrack is Conntrack over ctnetlink in the caller's network
@@ -146,9 +163,35 @@ func parseFlow(msg []byte) (Flow, bool) {
 			if len(a.Value) == 4 {
 				f.SeenReply = binary.BigEndian.Uint32(a.Value)&ipsSeenReply != 0
 			}
+		case ctaProtoinfo:
+			f.State = parseTCPState(a.Value)
 		}
 	}
 	return f, okOrig && okReply
+}
+
+// parseTCPState reads the state out of a CTA_PROTOINFO attribute; 0 (no
+// state) if it holds none.
+func parseTCPState(b []byte) TCPState {
+	infos, err := nl.ParseRouteAttr(b)
+	if err != nil {
+		return 0
+	}
+	for _, info := range infos {
+		if info.Attr.Type&nl.NLA_TYPE_MASK != ctaProtoinfoTCP {
+			continue
+		}
+		tcp, err := nl.ParseRouteAttr(info.Value)
+		if err != nil {
+			return 0
+		}
+		for _, a := range tcp {
+			if a.Attr.Type&nl.NLA_TYPE_MASK == ctaProtoinfoTCPState && len(a.Value) == 1 {
+				return TCPState(a.Value[0])
+			}
+		}
+	}
+	return 0
 }
 
 // parseTuple reads a CTA_TUPLE_* attribute of a TCP flow.

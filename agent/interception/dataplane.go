@@ -24,8 +24,9 @@ type Kernel struct {
 	// NFTables drives the agent's nftables tables; nil where nftables is
 	// not available (the iptables dataplane only).
 	NFTables netrules.NFTables
-	// Conntrack lists the node's flows to the VIPs for the pod-path check
-	// (podpath.go); nil turns that check off.
+	// Conntrack lists and deletes the node's flows to the VIPs, for the
+	// pod-path check (podpath.go) and the flows the redirect leaves at
+	// shutdown (flows.go); nil turns both off.
 	Conntrack netrules.Conntrack
 }
 

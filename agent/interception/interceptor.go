@@ -51,6 +51,9 @@ type Interceptor struct {
 	// so late that the entry may have expired.
 	podPath   *podPath
 	lastLapse atomic.Int64
+	// conntrack lists and deletes the flows the redirect left, at
+	// shutdown (flows.go); nil where the kernel's is not available.
+	conntrack netrules.Conntrack
 	// syncSawUnhealthy is set by a sync that found the agent unhealthy, so
 	// that the liveness loop asks for a sync as soon as it is healthy.
 	syncSawUnhealthy atomic.Bool
@@ -135,6 +138,7 @@ func New(cfg *Config, k Kernel, deps Deps) (*Interceptor, error) {
 		firstSync:       make(chan struct{}),
 		now:             time.Now,
 		notIntercepting: errors.New("starting"),
+		conntrack:       k.Conntrack,
 	}
 	if cfg.InterceptionDisabled {
 		reason := "--interception=false (or interception.enabled: false in --config)"

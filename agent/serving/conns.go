@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,34 @@ type connLimiter struct {
 	logger       klog.Logger
 	// refusals and timeouts log the connections closed, throttled.
 	refusals, timeouts *throttledLog
+
+	mu sync.Mutex // protects open
+	// open counts the connections held by their client's address and
+	// port, for Holds.
+	open map[netip.AddrPort]int
+}
+
+// hold records an admitted connection from remote; release forgets it.
+func (c *connLimiter) hold(remote netip.AddrPort) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.open[remote]++
+}
+
+func (c *connLimiter) release(remote netip.AddrPort) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.open[remote]--; c.open[remote] <= 0 {
+		delete(c.open, remote)
+	}
+}
+
+// holds reports whether a connection from remote is open: admitted and
+// not closed yet, hijacked connections (upgraded streams) included.
+func (c *connLimiter) holds(remote netip.AddrPort) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.open[remote] > 0
 }
 
 // newConnLimiter returns the connection bounds of l, counted in m.
@@ -53,6 +82,7 @@ func newConnLimiter(l Limits, m *metrics, logger klog.Logger) *connLimiter {
 		logger:       logger,
 		refusals:     newThrottledLog("Connections refused: too many open", ""),
 		timeouts:     newThrottledLog("Connections closed: no request within the first-request timeout", ""),
+		open:         map[netip.AddrPort]int{},
 	}
 }
 
@@ -85,7 +115,11 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 			c.refusals.log(c.logger, "source", src, "reason", refused, "held", c.pool.Held(src))
 			continue
 		}
-		lc := &limitedConn{Conn: conn, src: src, slot: slot}
+		lc := &limitedConn{Conn: conn, src: src, slot: slot, limiter: c}
+		if ap, err := netip.ParseAddrPort(conn.RemoteAddr().String()); err == nil {
+			lc.remote = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+			c.hold(lc.remote)
+		}
 		lc.mu.Lock()
 		lc.timer = time.AfterFunc(c.firstRequest, func() {
 			if lc.expire() {
@@ -106,6 +140,10 @@ type limitedConn struct {
 	// of its source's share.
 	src  string
 	slot *fairshare.Slot
+	// remote is the client's address and port, held in limiter's open
+	// connections until the connection is closed (zero if unparsable).
+	remote  netip.AddrPort
+	limiter *connLimiter
 	// requested is set once a request arrived.
 	requested atomic.Bool
 
@@ -125,6 +163,9 @@ func (c *limitedConn) Close() error {
 		c.closed = true
 		c.timer.Stop()
 		c.slot.Release()
+		if c.remote.IsValid() {
+			c.limiter.release(c.remote)
+		}
 	}
 	return err
 }

@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
+	"net/netip"
 	"os"
 	"runtime"
 	"strconv"
@@ -1392,4 +1393,19 @@ func TestRequestBodyDeadlineShortRemainder(t *testing.T) {
 			t.Errorf("buffer %d: a body held back by 100 bytes: %d, want 504", buffered, resp.StatusCode)
 		}
 	}
+}
+
+// The limiter knows the connections it holds by client address and port
+// (what the agent's shutdown keeps the conntrack flows of), from accept to
+// close, and forgets the ones it refused or closed.
+func TestConnLimiterHolds(t *testing.T) {
+	s := startTestServer(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}), Limits{})
+	c := s.dial(t, "http/1.1")
+	local := netip.MustParseAddrPort(c.LocalAddr().String())
+	waitFor(t, func() bool { return s.limiter.holds(local) }, "the connection is held")
+	if other := netip.AddrPortFrom(local.Addr(), local.Port()+1); s.limiter.holds(other) {
+		t.Errorf("holds %s, which never connected", other)
+	}
+	c.Close()
+	waitFor(t, func() bool { return !s.limiter.holds(local) }, "the closed connection is forgotten")
 }

@@ -65,8 +65,10 @@ type Server struct {
 	// clientCerts hands client-certificate callers to kube-apiserver.
 	clientCerts *clientCertificates
 	handler     http.Handler
-	// srv serves the listeners once Serve was called.
-	srv *http.Server
+	// srv serves the listeners once Serve was called, conns bounds and
+	// tracks their connections.
+	srv   *http.Server
+	conns *connLimiter
 }
 
 // New builds the handler chain of o. It starts nothing.
@@ -96,10 +98,17 @@ func (s *Server) Serve(logger klog.Logger, ls []net.Listener, getCertificate fun
 	s.srv = newServer(s.handler, getCertificate, s.limits)
 	s.srv.ErrorLog = apihttp.ServerErrorLog(logger)
 	s.srv.ConnState = s.metrics.trackConn
-	conns := newConnLimiter(s.limits, s.metrics, logger)
+	s.conns = newConnLimiter(s.limits, s.metrics, logger)
 	for _, l := range ls {
-		go func() { errs <- s.srv.Serve(tls.NewListener(conns.listener(l), s.srv.TLSConfig)) }()
+		go func() { errs <- s.srv.Serve(tls.NewListener(s.conns.listener(l), s.srv.TLSConfig)) }()
 	}
+}
+
+// Holds reports whether the server holds an open connection from the
+// client address and port remote (hijacked ones included). False before
+// Serve.
+func (s *Server) Holds(remote netip.AddrPort) bool {
+	return s.conns != nil && s.conns.holds(remote)
 }
 
 // Shutdown stops accepting, sends GOAWAY on HTTP/2 connections and waits
