@@ -73,5 +73,9 @@ func (ic *Interceptor) ForgetFlows(logger klog.Logger, held func(netip.AddrPort)
 			}
 		}
 	}
-	logger.V(2).Info("Deleted the flows the redirect left", "deleted", deleted, "keptForOpenConnections", kept)
+	log := logger.V(2)
+	if deleted > 0 {
+		log = logger.V(0)
+	}
+	log.Info("Deleted the conntrack flows the redirect left", "deleted", deleted, "keptForOpenConnections", kept, "final", held == nil)
 }
