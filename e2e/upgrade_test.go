@@ -230,6 +230,27 @@ func (u *upgradeScenario) replacing(t *testing.T, ctx context.Context) types.UID
 	return p.UID
 }
 
+// checkFlowsForgotten checks that the agent the rollback replaced, this
+// tree's, deleted at shutdown the conntrack flows its redirect left: the
+// connection-per-request load leaves some, and a reused one would be
+// refused.
+func (u *upgradeScenario) checkFlowsForgotten(t *testing.T) {
+	t.Helper()
+	a := u.agentLogs[len(u.agentLogs)-1]
+	select {
+	case <-a.log.done:
+	case <-time.After(30 * time.Second):
+		t.Errorf("the log of the replaced agent %s is still open", a.name)
+		return
+	}
+	lines := a.log.matching("Deleted the conntrack flows the redirect left")
+	if len(lines) == 0 {
+		t.Errorf("the replaced agent %s did not log the flows it deleted at shutdown; its log ends:\n%s", a.name, tailLines(a.log.String(), 25))
+		return
+	}
+	figuref(t, "rollback: the replaced agent deleted the flows its redirect left:\n%s", strings.Join(lines, "\n"))
+}
+
 // logReplacedAgents logs the end of each replaced agent's log: its
 // shutdown.
 func (u *upgradeScenario) logReplacedAgents(t *testing.T) {
@@ -312,6 +333,7 @@ func (u *upgradeScenario) upgradeAndRollback(t *testing.T, ctx context.Context) 
 	start = time.Now()
 	u.apply(t, ctx, "rollback-agents", u.previous, func(o sandbox.ManifestObject) bool { return !isApprover(o) })
 	downAgents := u.rollAgents(t, ctx, start, old, true)
+	u.checkFlowsForgotten(t)
 	// Then the approver.
 	start = time.Now()
 	u.apply(t, ctx, "rollback-approver", u.previous, func(sandbox.ManifestObject) bool { return true })
