@@ -401,8 +401,12 @@ func (a *Agent) Run(ctx context.Context) (err error) {
 }
 
 // listenerLinger is how long the listener keeps accepting after the
-// redirect is gone, at shutdown.
-const listenerLinger = 500 * time.Millisecond
+// redirect is gone, at shutdown; forgetFlowsPeriod how often, while the
+// server drains, the flows of the connections that ended are deleted.
+const (
+	listenerLinger    = 500 * time.Millisecond
+	forgetFlowsPeriod = 250 * time.Millisecond
+)
 
 // shutdown hands the VIP back to kube-proxy's path, then lets in-flight
 // requests finish within the grace period. The liveness entries go first
@@ -448,7 +452,24 @@ func (a *Agent) shutdown(logger klog.Logger) {
 	go func() { done <- a.serving.Shutdown(ctx) }()
 	time.Sleep(100 * time.Millisecond)
 	a.startDrain()
-	if err := <-done; err != nil {
+	// The listener is closed now, and the connections that end while the
+	// server drains leave flows a reused port would take over: they go
+	// as they end.
+	tick := time.NewTicker(forgetFlowsPeriod)
+	var err error
+drain:
+	for {
+		select {
+		case err = <-done:
+			break drain
+		case <-tick.C:
+			if removed {
+				a.icpt.ForgetFlows(logger, a.serving.Holds)
+			}
+		}
+	}
+	tick.Stop()
+	if err != nil {
 		logger.Info("Grace period over; closing remaining connections", "gracePeriod", a.cfg.ShutdownGracePeriod)
 		_ = a.serving.Close()
 	}

@@ -14,11 +14,13 @@ import (
 
 // Flow is one TCP connection as conntrack tracks it: the tuple of its first
 // packet (Src → Dst) and where replies come from (ReplySrc: the DNAT target
-// of a DNATed connection), and whether a reply was ever seen.
+// of a DNATed connection) and go to (ReplyDst: Src, unless conntrack
+// changed the source port to keep two reply tuples apart; what the server
+// sees as its peer), and whether a reply was ever seen.
 type Flow struct {
-	Src, Dst  netip.AddrPort
-	ReplySrc  netip.AddrPort
-	SeenReply bool
+	Src, Dst           netip.AddrPort
+	ReplySrc, ReplyDst netip.AddrPort
+	SeenReply          bool
 	// State is conntrack's TCP state of the flow.
 	State TCPState
 }
@@ -27,12 +29,21 @@ type Flow struct {
 // linux/netfilter/nf_conntrack_tcp.h).
 type TCPState uint8
 
-// The TCP states a flow of an ended connection is left in: after FINs
-// (TIME_WAIT) or a reset (CLOSE).
+// TCP states: a connection's handshake under way, and the states a flow
+// of an ended connection is left in, after FINs (TIME_WAIT) or a reset
+// (CLOSE).
 const (
+	TCPSynSent  TCPState = 1
+	TCPSynRecv  TCPState = 2
 	TCPTimeWait TCPState = 7
 	TCPClose    TCPState = 8
+	TCPSynSent2 TCPState = 9
 )
+
+// Handshaking reports whether the flow's connection is being opened.
+func (f Flow) Handshaking() bool {
+	return f.State == TCPSynSent || f.State == TCPSynRecv || f.State == TCPSynSent2
+}
 
 // Conntrack lists and deletes TCP flows to one destination.
 type Conntrack interface {
@@ -158,7 +169,7 @@ func parseFlow(msg []byte) (Flow, bool) {
 		case nl.CTA_TUPLE_ORIG:
 			f.Src, f.Dst, okOrig = parseTuple(a.Value)
 		case nl.CTA_TUPLE_REPLY:
-			f.ReplySrc, _, okReply = parseTuple(a.Value)
+			f.ReplySrc, f.ReplyDst, okReply = parseTuple(a.Value)
 		case nl.CTA_STATUS:
 			if len(a.Value) == 4 {
 				f.SeenReply = binary.BigEndian.Uint32(a.Value)&ipsSeenReply != 0

@@ -165,8 +165,8 @@ func TestConntrackClosedFlowsTakenOver(t *testing.T) {
 		must(t, err)
 		states := map[netrules.TCPState]int{}
 		for _, f := range flows {
-			if f.ReplySrc != listen {
-				t.Fatalf("flow %+v does not lead to the server %s", f, listen)
+			if f.ReplySrc != listen || f.ReplyDst != f.Src {
+				t.Fatalf("flow %+v does not lead to the server %s and back to its source", f, listen)
 			}
 			states[f.State]++
 			must(t, ct.Delete(netrules.IPv4, f))

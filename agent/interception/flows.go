@@ -2,6 +2,7 @@ package interception
 
 import (
 	"net/netip"
+	"time"
 
 	"k8s.io/klog/v2"
 )
@@ -27,12 +28,20 @@ import (
 // opening a connection per request saw that during a rollout of the
 // DaemonSet. At shutdown the agent therefore deletes, once the redirect
 // is gone and before it closes its listener, every flow to the listen
-// address that none of its open connections owns, and, once it serves
-// nothing any more, the rest, before it gives the address up.
+// address that none of its open connections owns, then, while it drains,
+// those of the connections that end, and, once it serves nothing any
+// more, the rest, before it gives the address up.
+
+// forgetBudget bounds a pass of ForgetFlows: the flows are many only when
+// clients opened many connections, and shutdown has a grace period to
+// keep.
+const forgetBudget = 2 * time.Second
 
 // ForgetFlows deletes the flows from the Service VIPs to the listen
-// addresses whose client address and port held does not report (nil: all
-// of them), so that new connections reusing those ports are NATed afresh.
+// addresses whose client address and port, as the server sees it, held
+// does not report, and which are not being opened (a connection not
+// accepted yet); with held nil, all of them. New connections reusing
+// those ports are then NATed afresh. A pass stops after forgetBudget.
 // It is meant for shutdown, once the redirect is gone, and does nothing
 // with the external dataplane (the redirect is not the agent's), without
 // conntrack, or for a family whose redirect is in place again (a
@@ -42,6 +51,7 @@ func (ic *Interceptor) ForgetFlows(logger klog.Logger, held func(netip.AddrPort)
 	if ic.conntrack == nil || ic.cfg.external() {
 		return
 	}
+	start := time.Now()
 	deleted, kept := 0, 0
 	for _, d := range ic.planes {
 		if present, err := d.rules.present(); err != nil || present {
@@ -61,9 +71,13 @@ func (ic *Interceptor) ForgetFlows(logger klog.Logger, held func(netip.AddrPort)
 				if f.ReplySrc != d.listen {
 					continue // kube-proxy's path
 				}
-				if held != nil && held(f.Src) {
+				if held != nil && (f.Handshaking() || held(f.ReplyDst)) {
 					kept++
 					continue
+				}
+				if time.Since(start) > forgetBudget {
+					logger.Info("Stopped deleting the flows the redirect left: out of time", "budget", forgetBudget, "deleted", deleted)
+					return
 				}
 				if err := ic.conntrack.Delete(d.family, f); err != nil {
 					logger.Error(err, "Deleting a flow the redirect left", "flow", f.Src.String()+" -> "+f.Dst.String())

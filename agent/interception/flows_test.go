@@ -25,7 +25,11 @@ func TestForgetFlows(t *testing.T) {
 	listen4, listen6 := netip.MustParseAddrPort(DefaultListenAddress), netip.MustParseAddrPort(DefaultListenAddressIPv6)
 	open := netip.MustParseAddrPort("10.244.1.5:40000")
 	flows := []netrules.Flow{
-		{Src: open, Dst: vip4, ReplySrc: listen4, SeenReply: true, State: 3},
+		// The server sees the client at ReplyDst, which conntrack may
+		// have given another port.
+		{Src: netip.MustParseAddrPort("10.244.1.5:39999"), Dst: vip4, ReplySrc: listen4, ReplyDst: open, SeenReply: true, State: 3},
+		// A connection being opened: not accepted yet.
+		{Src: netip.MustParseAddrPort("10.244.1.5:40010"), Dst: vip4, ReplySrc: listen4, State: netrules.TCPSynRecv},
 		{Src: netip.MustParseAddrPort("10.244.1.5:40002"), Dst: vip4, ReplySrc: listen4, SeenReply: true, State: netrules.TCPClose},
 		{Src: netip.MustParseAddrPort("10.244.1.5:40004"), Dst: vip4, ReplySrc: listen4, SeenReply: true, State: 3},
 		{Src: netip.MustParseAddrPort("10.244.1.6:40006"), Dst: vip4, ReplySrc: netip.MustParseAddrPort("10.250.0.2:6443"), SeenReply: true, State: netrules.TCPClose},
@@ -53,8 +57,8 @@ func TestForgetFlows(t *testing.T) {
 	}
 
 	ic.ForgetFlows(klog.Background(), func(src netip.AddrPort) bool { return src == open })
-	if got, want := left(), []string{"10.244.1.5:40000", "10.244.1.6:40006"}; !slices.Equal(got, want) {
-		t.Errorf("before the listener closes, flows left from %v, want %v (the open connection's and kube-proxy's)", got, want)
+	if got, want := left(), []string{"10.244.1.5:39999", "10.244.1.5:40010", "10.244.1.6:40006"}; !slices.Equal(got, want) {
+		t.Errorf("before the listener closes, flows left from %v, want %v (the open connection's, the one being opened and kube-proxy's)", got, want)
 	}
 
 	ic.ForgetFlows(klog.Background(), nil)
@@ -67,7 +71,7 @@ func TestForgetFlows(t *testing.T) {
 		_, _, err := d.sync()
 		mustDo(t, err)
 	}
-	k.ct.Add(flows[2])
+	k.ct.Add(flows[3])
 	deleted := len(k.ct.Deleted)
 	ic.ForgetFlows(klog.Background(), nil)
 	if len(k.ct.Deleted) != deleted {
