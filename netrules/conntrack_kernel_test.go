@@ -93,7 +93,8 @@ func TestConntrackKernel(t *testing.T) {
 // is gone and the server closed, a new connection from such a port takes
 // the flow over and is refused (1 to 4 ports of 100 in runs here); with
 // the flows deleted first, every new connection from those ports is
-// NATed afresh and reaches the fallback.
+// NATed afresh and reaches the fallback. TestConntrackResetFlowTakenOver
+// is its deterministic control.
 func TestConntrackClosedFlowsTakenOver(t *testing.T) {
 	inNewNetNS(t, func(h *netlink.Handle) {
 		ipt, err := netrules.OpenIPTables(netrules.BackendNFT, netrules.IPv4)
@@ -193,6 +194,108 @@ func TestConntrackClosedFlowsTakenOver(t *testing.T) {
 		}
 		if refused > 0 {
 			t.Errorf("%d of %d new connections from the ports of deleted closed flows failed", refused, n)
+		}
+	})
+}
+
+// TestConntrackResetFlowTakenOver is the control of
+// TestConntrackClosedFlowsTakenOver, made deterministic: connections the
+// server resets without a FIN (SO_LINGER 0) leave CLOSE flows whose NAT a
+// new connection from the same port takes over once the DNAT is gone.
+// Those whose flow was kept are refused by the closed listener, every one
+// of them; those whose flow was deleted reach the fallback.
+func TestConntrackResetFlowTakenOver(t *testing.T) {
+	inNewNetNS(t, func(h *netlink.Handle) {
+		ipt, err := netrules.OpenIPTables(netrules.BackendNFT, netrules.IPv4)
+		if err != nil {
+			t.Skipf("no nft backend: %v", err)
+		}
+		lo, err := h.LinkByName("lo")
+		must(t, err)
+		must(t, h.RouteAdd(&netlink.Route{LinkIndex: lo.Attrs().Index, Dst: &net.IPNet{IP: net.IPv4(10, 96, 0, 0), Mask: net.CIDRMask(24, 32)}, Scope: netlink.SCOPE_LINK}))
+		must(t, h.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 96, 0, 100), Mask: net.CIDRMask(32, 32)}}))
+		resetter, err := net.Listen("tcp4", "127.0.0.1:0")
+		must(t, err)
+		defer resetter.Close()
+		go func() {
+			for {
+				c, err := resetter.Accept()
+				if err != nil {
+					return
+				}
+				_, _ = c.Read(make([]byte, 1))
+				_ = c.(*net.TCPConn).SetLinger(0) // close with a reset
+				c.Close()
+			}
+		}()
+		fallback, err := net.Listen("tcp4", "127.0.0.1:0")
+		must(t, err)
+		defer fallback.Close()
+		go func() {
+			for {
+				c, err := fallback.Accept()
+				if err != nil {
+					return
+				}
+				c.Close()
+			}
+		}()
+		listen := netip.MustParseAddrPort(resetter.Addr().String())
+		vip := netip.MustParseAddrPort("10.96.0.1:443")
+		redirect := []string{"-d", "10.96.0.1/32", "-p", "tcp", "--dport", "443", "-j", "DNAT", "--to-destination", listen.String()}
+		must(t, ipt.Append("nat", "OUTPUT", redirect...))
+		must(t, ipt.Append("nat", "OUTPUT", "-d", "10.96.0.1/32", "-p", "tcp", "--dport", "443", "-j", "DNAT", "--to-destination", fallback.Addr().String()))
+		must(t, ipt.Append("nat", "INPUT", "-j", "RETURN"))
+		must(t, ipt.Append("nat", "POSTROUTING", "-j", "RETURN"))
+
+		const n = 10
+		var ports []int
+		for range n {
+			c, err := net.DialTimeout("tcp4", vip.String(), time.Second)
+			must(t, err)
+			ports = append(ports, c.LocalAddr().(*net.TCPAddr).Port)
+			_, err = c.Write([]byte{0})
+			must(t, err)
+			must(t, c.SetReadDeadline(time.Now().Add(2*time.Second)))
+			if _, err := c.Read(make([]byte, 1)); err == nil {
+				t.Fatal("the resetter answered instead of resetting")
+			}
+			c.Close()
+		}
+		ct := netrules.KernelConntrack{}
+		flows, err := ct.Flows(netrules.IPv4, vip)
+		must(t, err)
+		if len(flows) != n {
+			t.Fatalf("%d flows to the VIP, want %d: %+v", len(flows), n, flows)
+		}
+		// The flows of every other connection are deleted.
+		deleted := map[int]bool{}
+		for i, p := range ports {
+			deleted[p] = i%2 == 0
+		}
+		for _, f := range flows {
+			if f.State != netrules.TCPClose {
+				t.Errorf("flow %+v of a reset connection is not in CLOSE", f)
+			}
+			if deleted[int(f.Src.Port())] {
+				must(t, ct.Delete(netrules.IPv4, f))
+			}
+		}
+		must(t, ipt.Delete("nat", "OUTPUT", redirect...))
+		resetter.Close()
+
+		for _, p := range ports {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{Port: p}, Timeout: time.Second}
+			c, err := d.Dial("tcp4", vip.String())
+			if err == nil {
+				c.Close()
+			}
+			switch {
+			case deleted[p] && err != nil:
+				t.Errorf("from port %d, whose flow was deleted: %v", p, err)
+			case !deleted[p] && err == nil:
+				t.Errorf("from port %d, whose flow was kept: connected, want refused by the closed listener", p)
+			}
 		}
 	})
 }
