@@ -437,7 +437,7 @@ func (a *Agent) shutdown(logger klog.Logger) {
 	// kube-proxy's path, except those from a client port whose earlier
 	// connection's flow conntrack still keeps: those flows go before the
 	// listener closes (interception/flows.go), but for the open
-	// connections', which go once the server has stopped.
+	// connections', which go as they end.
 	time.Sleep(listenerLinger)
 	if removed {
 		a.icpt.ForgetFlows(logger, a.serving.Holds)

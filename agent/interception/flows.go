@@ -45,8 +45,8 @@ const forgetBudget = 2 * time.Second
 // It is meant for shutdown, once the redirect is gone, and does nothing
 // with the external dataplane (the redirect is not the agent's), without
 // conntrack, or for a family whose redirect is in place again (a
-// successor's, whose connections the flows are). Failures are logged: at worst a connection from a
-// reused port is refused, as without this.
+// successor's, whose connections the flows are). Failures are logged: at
+// worst a connection from a reused port is refused, as without this.
 func (ic *Interceptor) ForgetFlows(logger klog.Logger, held func(netip.AddrPort) bool) {
 	if ic.conntrack == nil || ic.cfg.external() {
 		return
@@ -91,5 +91,5 @@ func (ic *Interceptor) ForgetFlows(logger klog.Logger, held func(netip.AddrPort)
 	if deleted > 0 {
 		log = logger.V(0)
 	}
-	log.Info("Deleted the conntrack flows the redirect left", "deleted", deleted, "keptForOpenConnections", kept, "final", held == nil)
+	log.Info("Deleted the conntrack flows the redirect left", "deleted", deleted, "kept", kept, "final", held == nil)
 }
